@@ -1,0 +1,49 @@
+"""The results table shared by eval (writer) and plots (reader).
+
+One tidy row per measurement. `kind` says what the row measures:
+- "run": one system x benchmark x setting x seed generation run;
+- "stage": one stage of the per-step time decomposition (paper Table 3).
+"""
+
+# Identity of a measurement: a run resumes by skipping rows whose key exists.
+KEY_COLUMNS = [
+    "kind",            # "run" | "stage"
+    "system",          # named configuration, e.g. "AR", "DFlash", "LiLiCorr-greedy"
+    "benchmark",       # e.g. "gsm8k", "testbed-code", "speed-throughput_1k"
+    "category",        # benchmark category or entropy tier ("" when none)
+    "temperature",     # float
+    "concurrency",     # int, the engine's max_num_seqs
+    "input_len",       # int, fixed input length in tokens (0 = natural length)
+    "seed",            # int
+    "dels_alpha",      # float or NaN when the system has no DeLS head
+    "dels_beta",       # float or NaN
+    "stage",           # stage name for kind == "stage", "" otherwise
+]
+
+METRIC_COLUMNS = [
+    "num_prompts",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "tau",                 # 1 + accepted / drafts (block-weighted); 1.0 for AR
+    "accept_per_pos",      # JSON list: acceptance rate at draft position 1..k
+    "output_tokens",
+    "wall_s",              # generation wall time, warm-up excluded
+    "tokens_per_s",        # output_tokens / wall_s
+    "speedup",             # tokens_per_s / tokens_per_s of AR in the same run
+    "stage_ms",            # per-step milliseconds for kind == "stage", NaN otherwise
+]
+
+PROVENANCE_COLUMNS = [
+    "run_id",          # one id per `python -m eval run` invocation
+    "git_rev",
+    "vllm_version",
+    "target",          # target model path
+    "draft",           # draft checkpoint path ("" for AR)
+    "checkpoint_hash", # sha256 prefix over the draft's files
+    "engine_flags",    # JSON of the engine flags shared by all arms
+    "system_config",   # JSON of the system's speculative config and options
+    "timestamp",
+]
+
+ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS

@@ -1,0 +1,183 @@
+"""Draft-rule options: where they come from, what they may be, and how bad values are reported.
+
+Sources, later ones win:
+1. defaults (below);
+2. the draft checkpoint: `config.json` -> `dflash_config.liliprop` (an object);
+3. the run: the environment variable `VLLM_LILIPROP_OPTIONS`, a JSON object with the same keys
+   (it reaches vLLM's worker processes, which inherit the environment).
+
+A draft is served by this package when its architecture is `LiLiCorrDraftModel`, when its
+`dflash_config` has a `liliprop` block, or when `VLLM_LILIPROP_OPTIONS` is set. Otherwise the
+proposer behaves exactly like vLLM's own DFlash proposer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ENV_VAR = "VLLM_LILIPROP_OPTIONS"
+CONFIG_BLOCK = "liliprop"
+LILICORR_ARCH = "LiLiCorrDraftModel"
+DFLASH_ARCH = "DFlashDraftModel"
+
+RULES = ("argmax", "lattice", "dels", "lattice+dels")
+WALKS = ("greedy", "viterbi")
+SAMPLINGS = ("deterministic", "probabilistic")
+DEFAULT_DELS_ALPHA = 0.3
+DEFAULT_DELS_BETA = 0.3
+
+
+class OptionError(ValueError):
+    """A bad draft-rule option; the message names the field and how to fix it."""
+
+
+@dataclass(frozen=True)
+class LiliPropOptions:
+    # "argmax" | "lattice" | "dels" | "lattice+dels" | "package.module:factory" (a custom rule)
+    rule: str = "argmax"
+    walk: str = "greedy"
+    sampling: str = "deterministic"
+    # DeLS head folder, relative to the draft directory unless absolute.
+    dels_path: str = "dels"
+    # None: take the DeLS head's own defaults (0.3 / 0.3 unless its config says otherwise).
+    dels_alpha: float | tuple[float, ...] | None = None
+    dels_beta: float | tuple[float, ...] | None = None
+    # Where each value came from, for the startup log line.
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("sources")
+        return out
+
+    @property
+    def uses_lattice(self) -> bool:
+        return self.rule in ("lattice", "lattice+dels")
+
+    @property
+    def uses_dels(self) -> bool:
+        return self.rule in ("dels", "lattice+dels")
+
+
+_KEYS = {f for f in LiliPropOptions.__dataclass_fields__ if f != "sources"}
+
+
+def _check_choice(where: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise OptionError(
+            f"{where}.{key} = {value!r} is not valid; use one of {', '.join(choices)}."
+        )
+    return value
+
+
+def _check_schedule(where: str, key: str, value: Any):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+        raise OptionError(
+            f"{where}.{key} = {value!r} must be a number or a list of numbers (one per slot)."
+        )
+    if isinstance(value, (list, tuple)):
+        if not value or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        ):
+            raise OptionError(
+                f"{where}.{key} = {value!r} must be a non-empty list of numbers, one per slot."
+            )
+        return tuple(float(v) for v in value)
+    return float(value)
+
+
+def _validate_block(where: str, block: Any) -> dict[str, Any]:
+    if not isinstance(block, dict):
+        raise OptionError(f"{where} must be a JSON object, got {type(block).__name__}.")
+    unknown = set(block) - _KEYS
+    if unknown:
+        raise OptionError(
+            f"{where} has unknown field(s) {sorted(unknown)}; known fields: {sorted(_KEYS)}."
+        )
+    out = dict(block)
+    if "rule" in out:
+        rule = out["rule"]
+        if not isinstance(rule, str) or (rule not in RULES and ":" not in rule):
+            raise OptionError(
+                f"{where}.rule = {rule!r} is not valid; use one of {', '.join(RULES)} "
+                "or 'package.module:factory' for a custom rule."
+            )
+    if "walk" in out:
+        _check_choice(where, "walk", out["walk"], WALKS)
+    if "sampling" in out:
+        _check_choice(where, "sampling", out["sampling"], SAMPLINGS)
+    if "dels_path" in out and not isinstance(out["dels_path"], str):
+        raise OptionError(f"{where}.dels_path must be a string path.")
+    for key in ("dels_alpha", "dels_beta"):
+        if key in out:
+            out[key] = _check_schedule(where, key, out[key])
+    return out
+
+
+def env_options(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    raw = (environ if environ is not None else os.environ).get(ENV_VAR)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        block = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(
+            f"{ENV_VAR} is not valid JSON ({exc}); set it to an object such as "
+            '\'{"rule": "lattice", "walk": "viterbi"}\'.'
+        ) from None
+    return _validate_block(ENV_VAR, block)
+
+
+def is_served_by_liliprop(
+    architectures: list[str] | None, dflash_config: dict | None, environ=None
+) -> bool:
+    return (
+        LILICORR_ARCH in (architectures or [])
+        or CONFIG_BLOCK in (dflash_config or {})
+        or env_options(environ) is not None
+    )
+
+
+def resolve_options(
+    architectures: list[str] | None,
+    dflash_config: dict | None,
+    draft_sample_method: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> LiliPropOptions | None:
+    """The options a draft runs with, or None when this package should not change anything."""
+    dflash_config = dflash_config or {}
+    from_env = env_options(environ)
+    block = dflash_config.get(CONFIG_BLOCK)
+    is_lilicorr = LILICORR_ARCH in (architectures or [])
+    if not is_lilicorr and block is None and from_env is None:
+        return None
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if is_lilicorr:
+        values["rule"] = "lattice"
+        sources["rule"] = "architecture"
+    if draft_sample_method == "probabilistic":
+        values["sampling"] = "probabilistic"
+        sources["sampling"] = "speculative_config.draft_sample_method"
+    if block is not None:
+        for key, value in _validate_block(f"dflash_config.{CONFIG_BLOCK}", block).items():
+            values[key] = value
+            sources[key] = "checkpoint"
+    for key, value in (from_env or {}).items():
+        values[key] = value
+        sources[key] = ENV_VAR
+
+    options = LiliPropOptions(**values, sources=sources)
+    where = sources.get("rule", "defaults")
+    if options.uses_lattice and not is_lilicorr:
+        raise OptionError(
+            f"rule {options.rule!r} (from {where}) needs a LiLiCorr head, but the draft's "
+            f"architecture is {architectures}; use a {LILICORR_ARCH} checkpoint or rule 'dels'/'argmax'."
+        )
+    return options

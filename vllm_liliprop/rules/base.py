@@ -1,0 +1,77 @@
+"""What a draft rule sees and returns. Plain torch: rules never touch vLLM objects.
+
+The proposer runs the DFlash drafter once per step, then hands a rule the drafter's final-normed
+hidden states at the S mask slots of each request's block and a few callables, and the rule
+returns one token per slot. Shapes: B requests, S draft slots, H draft width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+
+@dataclass
+class DraftInputs:
+    hidden: torch.Tensor  # [B, S, H] drafter hidden states at the mask slots
+    anchor_ids: torch.Tensor  # [B] int64: the last verified token, first token of the block
+    compute_logits: Callable[[torch.Tensor], torch.Tensor]  # [N, H] -> [N, V] full vocabulary
+    embed: Callable[[torch.Tensor], torch.Tensor]  # target input embeddings of token ids
+    # Target state at the last verified position that has one (hidden_norm(fc(taps))), [B, H],
+    # and whether it exists (a request's first draft after a full rejection may have none).
+    anchor_hidden: torch.Tensor | None = None
+    anchor_valid: torch.Tensor | None = None
+    # Per-request temperature [B] when some request samples, None when the batch is all greedy.
+    temperature: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.hidden.shape[1]
+
+    def long_logits(self) -> torch.Tensor:
+        """The drafter's own full-vocabulary logits, [B, S, V] fp32."""
+        b, s, h = self.hidden.shape
+        return self.compute_logits(self.hidden.reshape(b * s, h)).float().view(b, s, -1)
+
+
+@dataclass
+class DraftOutput:
+    token_ids: torch.Tensor  # [B, S] int64
+    # [B, S, V] fp32 distributions the drafts were sampled from, or None for deterministic drafts.
+    probs: torch.Tensor | None = None
+    # [B] bool: rows whose scores were unusable (NaN/Inf); the proposer replaces them with the
+    # drafter's argmax. None means every row is fine.
+    faulty_rows: torch.Tensor | None = None
+
+
+class DraftRule(Protocol):
+    name: str
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput: ...
+
+
+def argmax_drafts(inputs: DraftInputs) -> torch.Tensor:
+    """vLLM's own DFlash draft: each slot's argmax, [B, S]."""
+    b, s, h = inputs.hidden.shape
+    return inputs.compute_logits(inputs.hidden.reshape(b * s, h)).argmax(-1).view(b, s)
+
+
+def one_hot_probs(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Distributions of deterministic drafts: exact for rejection sampling."""
+    probs = torch.zeros(*token_ids.shape, vocab_size, dtype=torch.float32, device=token_ids.device)
+    return probs.scatter_(-1, token_ids.unsqueeze(-1), 1.0)
+
+
+class ArgmaxRule:
+    """No head: exactly the drafter's argmax (used when only walk/sampling options are set)."""
+
+    name = "argmax"
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        return DraftOutput(argmax_drafts(inputs))

@@ -1,0 +1,63 @@
+"""Build the draft rule named by the options from what the proposer loaded."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_liliprop.options import LiliPropOptions, OptionError
+from vllm_liliprop.rules.base import ArgmaxRule, DraftRule
+
+
+@dataclass
+class RuleResources:
+    """What a rule may need, gathered by the proposer at load time."""
+
+    draft_dir: Path | None
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+    embed_weight: torch.Tensor | None = None  # target input embeddings [V, H]
+    dflash_config: dict[str, Any] = field(default_factory=dict)
+    block_size: int = 0
+    draft_hidden_size: int = 0
+    rms_norm_eps: float = 1e-6
+    # LiLiCorr head weights (names as in upstream's checkpoint, without the `lilicorr.` prefix).
+    lattice_state_dict: dict[str, torch.Tensor] | None = None
+    tokenizer_fingerprint: str | None = None
+
+
+def _load_custom_rule(spec: str):
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise OptionError(
+            f"rule = {spec!r}: cannot import {attr!r} from {module_name!r} ({exc}); "
+            "give an importable 'package.module:factory'."
+        ) from None
+    return factory
+
+
+def build_rule(options: LiliPropOptions, resources: RuleResources) -> DraftRule:
+    if options.rule == "argmax":
+        return ArgmaxRule()
+    if ":" in options.rule:
+        return _load_custom_rule(options.rule)(options, resources)
+    if options.rule == "lattice":
+        from vllm_liliprop.rules.lattice import LatticeRule
+
+        return LatticeRule.from_resources(options, resources)
+    if options.rule == "dels":
+        from vllm_liliprop.rules.dels import DelsRule
+
+        return DelsRule.from_resources(options, resources)
+    if options.rule == "lattice+dels":
+        from vllm_liliprop.rules.lattice_dels import LatticeDelsRule
+
+        return LatticeDelsRule.from_resources(options, resources)
+    raise OptionError(f"rule = {options.rule!r} is unknown.")

@@ -1,0 +1,1 @@
+"""The only part of the package that imports vLLM."""

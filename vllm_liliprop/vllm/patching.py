@@ -1,0 +1,102 @@
+"""Every change this package makes to vLLM, in one place.
+
+Three patches, each logged once and safe to apply twice:
+1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
+   (a subclass, so vLLM's isinstance checks still hold);
+2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
+   ("DFlash candidate-head drafts");
+3. a draft served by this package makes vLLM pick the V1 runner; if the user forces V2
+   (VLLM_USE_V2_MODEL_RUNNER=1) the engine stops with a message saying how to fix it. A plain
+   LiLiCorr checkpoint with V2 forced is left to upstream's V2 speculator.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from vllm.logger import init_logger
+
+from vllm_liliprop.options import LILICORR_ARCH, env_options
+
+logger = init_logger("vllm.liliprop.patching")
+
+_MARK = "__liliprop_original__"
+V2_REASON = (
+    "vllm-liliprop draft rules (they run on the V1 model runner: unset "
+    "VLLM_USE_V2_MODEL_RUNNER or set it to 0)"
+)
+
+
+def _replace(owner: Any, name: str, new: Any) -> bool:
+    """Set owner.name = new once, remembering the original; False if already done."""
+    current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+    if getattr(current, _MARK, None) is not None or current is new:
+        return False
+    try:
+        setattr(new, _MARK, current)
+    except (AttributeError, TypeError):
+        pass
+    setattr(owner, name, new)
+    logger.info("vllm-liliprop patched %s.%s", getattr(owner, "__name__", owner), name)
+    return True
+
+
+def draft_request(vllm_config) -> tuple[list[str], dict] | None:
+    """(architectures, dflash_config) of a DFlash draft, or None for anything else."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or spec.method != "dflash" or spec.draft_model_config is None:
+        return None
+    draft = spec.draft_model_config
+    dflash_config = getattr(draft.hf_config, "dflash_config", None) or {}
+    return list(draft.architectures or []), dict(dflash_config)
+
+
+def asks_for_liliprop_rules(vllm_config) -> bool:
+    """A `liliprop` block or the environment override: only this package can serve that."""
+    request = draft_request(vllm_config)
+    return request is not None and ("liliprop" in request[1] or env_options() is not None)
+
+
+def served_on_v1(vllm_config) -> bool:
+    request = draft_request(vllm_config)
+    if request is None:
+        return False
+    forced_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() in ("1", "true")
+    is_lilicorr = LILICORR_ARCH in request[0]
+    return asks_for_liliprop_rules(vllm_config) or (is_lilicorr and not forced_v2)
+
+
+def _wrap_v2_unsupported(original: Callable) -> Callable:
+    def _get_v2_model_runner_unsupported_features(self) -> list[str]:
+        unsupported = original(self)
+        if served_on_v1(self) or asks_for_liliprop_rules(self):
+            unsupported.append(V2_REASON)
+        return unsupported
+
+    return _get_v2_model_runner_unsupported_features
+
+
+def _wrap_candidate_draft(original: Callable) -> Callable:
+    def _is_dflash_candidate_draft(self) -> bool:
+        if served_on_v1(self):
+            return False
+        return original(self)
+
+    return _is_dflash_candidate_draft
+
+
+def apply_patches() -> None:
+    from vllm.config import VllmConfig
+    from vllm.v1.worker import gpu_model_runner
+
+    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
+    _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
+    for name, wrap in (
+        ("_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
+        ("_is_dflash_candidate_draft", _wrap_candidate_draft),
+    ):
+        current = VllmConfig.__dict__[name]
+        if getattr(current, _MARK, None) is None:
+            _replace(VllmConfig, name, wrap(current))

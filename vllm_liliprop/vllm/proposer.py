@@ -1,0 +1,194 @@
+"""`LiliPropProposer`: vLLM's V1 DFlash proposer with the draft choice handed to a draft rule.
+
+Only three things differ from `DFlashProposer`:
+- `load_model` also builds the draft rule named by the options (lattice head, DeLS head, ...);
+- `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
+  the target state at the last verified position (the LiLiCorr anchor);
+- `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
+With no options (a plain DFlash checkpoint, no environment override) the rule is None and every
+method is the parent's, so drafts are exactly vLLM's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from typing_extensions import override
+
+from vllm.logger import init_logger
+from vllm.v1.spec_decode.dflash import DFlashProposer
+
+from vllm_liliprop.options import resolve_options
+from vllm_liliprop.rules import DraftInputs, argmax_drafts, one_hot_probs
+from vllm_liliprop.rules.factory import RuleResources, build_rule
+
+logger = init_logger("vllm.liliprop.proposer")
+
+
+def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
+    if hasattr(target_model, "get_language_model"):
+        return target_model.get_language_model()
+    return target_model
+
+
+class LiliPropProposer(DFlashProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None):
+        super().__init__(vllm_config, device, runner)
+        spec = vllm_config.speculative_config
+        hf_config = self.draft_model_config.hf_config
+        self.liliprop_options = resolve_options(
+            getattr(hf_config, "architectures", None),
+            self.dflash_config,
+            getattr(spec, "draft_sample_method", None),
+        )
+        self.draft_rule = None
+        self.num_rule_faults = 0
+        self._anchor_ids: torch.Tensor | None = None
+        self._anchor_hidden: torch.Tensor | None = None
+        self._anchor_valid: torch.Tensor | None = None
+        if self.liliprop_options is not None:
+            logger.info(
+                "vllm-liliprop serves this draft: %s (sources: %s)",
+                self.liliprop_options.to_dict(),
+                self.liliprop_options.sources or "defaults",
+            )
+
+    @override
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        super().load_model(target_model)
+        if self.liliprop_options is None:
+            return
+        language_model = _target_language_model(target_model)
+        inner = getattr(language_model, "model", language_model)
+        embedding = getattr(inner, "embed_tokens", None)
+        hf_config = self.draft_model_config.hf_config
+        head = getattr(getattr(self.model, "model", None), "lilicorr", None)
+        draft_path = Path(self.draft_model_config.model)
+        resources = RuleResources(
+            draft_dir=draft_path if draft_path.is_dir() else None,
+            vocab_size=int(hf_config.vocab_size),
+            device=self.device,
+            dtype=self.dtype,
+            embed_weight=None if embedding is None else embedding.weight,
+            dflash_config=dict(self.dflash_config),
+            block_size=int(
+                self.dflash_config.get("block_size", getattr(hf_config, "block_size", 0)) or 0
+            ),
+            draft_hidden_size=int(hf_config.hidden_size),
+            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
+            lattice_state_dict=None if head is None else dict(head.state_dict()),
+            tokenizer_fingerprint=(
+                self._tokenizer_fingerprint() if self.liliprop_options.uses_dels else None
+            ),
+        )
+        self.draft_rule = build_rule(self.liliprop_options, resources)
+        self._embedding = embedding
+        self._needs_anchor_hidden = bool(getattr(self.draft_rule, "needs_anchor_hidden", False))
+        logger.info("vllm-liliprop draft rule ready: %s", self.draft_rule.name)
+
+    def _tokenizer_fingerprint(self) -> str | None:
+        try:
+            from transformers import AutoTokenizer
+
+            from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
+        except ImportError:
+            return None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.vllm_config.model_config.tokenizer)
+        except (OSError, ValueError):
+            return None
+        return tokenizer_fingerprint(tokenizer)
+
+    @override
+    def set_inputs_first_pass(
+        self,
+        target_token_ids,
+        next_token_ids,
+        target_positions,
+        target_hidden_states,
+        token_indices_to_sample,
+        cad,
+        num_rejected_tokens_gpu,
+    ):
+        if self.draft_rule is not None:
+            self._anchor_ids = next_token_ids
+            if self._needs_anchor_hidden:
+                self._remember_anchor_state(target_hidden_states, cad, num_rejected_tokens_gpu)
+        return super().set_inputs_first_pass(
+            target_token_ids,
+            next_token_ids,
+            target_positions,
+            target_hidden_states,
+            token_indices_to_sample,
+            cad,
+            num_rejected_tokens_gpu,
+        )
+
+    def _remember_anchor_state(self, context_states, cad, num_rejected) -> None:
+        # In padded mode the context still holds the rejected slots: the last verified token of
+        # request b sits at query_start_loc[b+1] - 1 - num_rejected[b].
+        num_reqs = cad.batch_size()
+        starts = cad.query_start_loc[:num_reqs]
+        ends = cad.query_start_loc[1 : num_reqs + 1]
+        if num_rejected is not None:
+            ends = ends - num_rejected[:num_reqs]
+        valid = ends > starts
+        index = (ends - 1).clamp_min(0).long()
+        anchor = self.model.model.hidden_norm(context_states[index])
+        self._anchor_hidden = anchor * valid[:, None].to(anchor.dtype)
+        self._anchor_valid = valid
+
+    @override
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        if self.draft_rule is None:
+            return super()._sample_draft_tokens(hidden_states, sampling_metadata)
+        batch = self._anchor_ids.shape[0]
+        inputs = DraftInputs(
+            hidden=hidden_states.view(batch, -1, hidden_states.shape[-1]),
+            anchor_ids=self._anchor_ids.long(),
+            compute_logits=self.model.compute_logits,
+            embed=self._embedding,
+            anchor_hidden=self._anchor_hidden,
+            anchor_valid=self._anchor_valid,
+            temperature=None if sampling_metadata.all_greedy else sampling_metadata.temperature,
+        )
+        try:
+            output = self.draft_rule.propose(inputs)
+            token_ids, probs = self._repair_faulty_rows(inputs, output)
+        except Exception:  # a head must never take the engine down or change the output
+            self._count_fault(batch, "raised", exc_info=True)
+            return argmax_drafts(inputs).view(-1), None
+        if probs is not None:
+            probs = probs.reshape(-1, probs.shape[-1])
+        return token_ids.reshape(-1), probs
+
+    def _repair_faulty_rows(self, inputs: DraftInputs, output):
+        expected = (inputs.batch_size, inputs.num_slots)
+        if tuple(output.token_ids.shape) != expected:
+            raise ValueError(f"rule returned drafts of shape {tuple(output.token_ids.shape)}, expected {expected}")
+        token_ids, probs = output.token_ids, output.probs
+        if output.faulty_rows is None:
+            return token_ids, probs
+        faulty = output.faulty_rows
+        if not bool(faulty.any()):
+            return token_ids, probs
+        self._count_fault(int(faulty.sum()), "produced non-finite scores")
+        fallback = argmax_drafts(inputs)
+        token_ids = torch.where(faulty[:, None], fallback, token_ids)
+        if probs is not None:
+            probs = torch.where(
+                faulty[:, None, None], one_hot_probs(fallback, probs.shape[-1]), probs
+            )
+        return token_ids, probs
+
+    def _count_fault(self, num_rows: int, what: str, exc_info: bool = False) -> None:
+        if self.num_rule_faults == 0:
+            logger.warning(
+                "vllm-liliprop draft rule %s %s; falling back to the drafter's argmax for the "
+                "affected requests (logged once; see LiliPropProposer.num_rule_faults).",
+                self.draft_rule.name,
+                what,
+                exc_info=exc_info,
+            )
+        self.num_rule_faults += num_rows
