@@ -37,8 +37,12 @@ def liliprop_env(options: dict | None):
 
 
 def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_tokens=32,
-             temperature=0.0, n=1, seed=None, extra_flags=None, spec_extra=None):
-    """(token id lists, SpecDecodeCounters, drafter) of one fresh in-process engine."""
+             temperature=0.0, n=1, seed=None, extra_flags=None, spec_extra=None, seeds=None,
+             metrics_out=None):
+    """(token id lists, SpecDecodeCounters, drafter) of one fresh in-process engine.
+
+    seeds: one sampling seed per prompt (overrides seed). metrics_out: a dict that receives every
+    scalar metric of the engine by name."""
     from vllm import LLM, SamplingParams
 
     from vllm_liliprop.vllm.metrics import SpecDecodeCounters
@@ -51,12 +55,18 @@ def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_
         }
     with liliprop_env(options):
         llm = LLM(model=str(target), **flags)
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens,
-                                ignore_eos=True, n=n, seed=seed)
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        def params(s):
+            return SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                                  ignore_eos=True, n=n, seed=s)
+
+        sampling = [params(s) for s in seeds] if seeds is not None else params(seed)
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
     ids = [[list(c.token_ids) for c in o.outputs] if n > 1 else list(o.outputs[0].token_ids)
            for o in outputs]
-    counters = SpecDecodeCounters.read(llm)
+    metrics = llm.get_metrics()
+    counters = SpecDecodeCounters.from_metrics(metrics)
+    if metrics_out is not None:
+        metrics_out.update({m.name: m.value for m in metrics if hasattr(m, "value")})
     drafter = find_drafter(llm)
     del llm
     return ids, counters, drafter
@@ -81,3 +91,50 @@ def run_in_subprocess(code: str, env_overrides: dict[str, str], timeout: int = 6
         if line.startswith("RESULT="):
             return json.loads(line[len("RESULT="):])
     raise AssertionError(f"subprocess failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def predict_counters(outputs, draft_fn, k, max_tokens=32):
+    """Spec-decode counters predicted from plain greedy outputs for a known draft policy.
+
+    draft_fn(ys, p) -> k draft tokens given the output so far ys[: p + 1] (ys[p] is the last
+    verified token). After prefill the first output token is verified; each step accepts the
+    leading drafts that match the target's own continuation and adds one bonus token, until
+    max_tokens are out. The last step's drafts are verified past max_tokens (the surplus is
+    dropped afterwards), so `outputs` must run k tokens longer than max_tokens."""
+    drafts = accepted = 0
+    per_pos = [0] * k
+    for ys in outputs:
+        assert len(ys) >= max_tokens + k
+        p = 0
+        while p < max_tokens - 1:
+            proposal = draft_fn(ys, p)
+            a = 0
+            while a < k and ys[p + 1 + a] == proposal[a]:
+                a += 1
+            drafts += 1
+            accepted += a
+            for i in range(a):
+                per_pos[i] += 1
+            p += a + 1
+    return [drafts, drafts * k, accepted, per_pos]
+
+
+def counters_list(c):
+    return [c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, list(c.accepted_per_pos)]
+
+
+def plain32(stock):
+    """The plain greedy outputs cut to the 32 tokens the speculative runs generate."""
+    return [ys[:32] for ys in stock["plain"]["ids"]]
+
+
+def unused_tokens(outputs, vocab_size, count, skip=4):
+    """`count` token ids that never occur in `outputs` (avoiding the first special ids)."""
+    seen = {t for ys in outputs for t in ys}
+    return [t for t in range(skip, vocab_size) if t not in seen][:count]
+
+
+def most_common_token(outputs):
+    from collections import Counter
+
+    return Counter(t for ys in outputs for t in ys).most_common(1)[0][0]

@@ -24,6 +24,7 @@ class RuleResources:
     embed_weight: torch.Tensor | None = None  # target input embeddings [V, H]
     dflash_config: dict[str, Any] = field(default_factory=dict)
     block_size: int = 0
+    num_slots: int = 0  # num_speculative_tokens
     draft_hidden_size: int = 0
     rms_norm_eps: float = 1e-6
     # LiLiCorr head weights (names as in upstream's checkpoint, without the `lilicorr.` prefix).

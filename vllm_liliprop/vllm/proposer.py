@@ -26,6 +26,20 @@ from vllm_liliprop.rules.factory import RuleResources, build_rule
 logger = init_logger("vllm.liliprop.proposer")
 
 
+def read_lattice_weights(draft_dir: Path) -> dict[str, torch.Tensor]:
+    """The LiLiCorr head's weights from the checkpoint files (vLLM's loader has checked their
+    coverage; its in-memory copies may already be repacked for the CPU GEMM kernels)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(draft_dir.glob("*.safetensors")):
+        for name, value in load_file(str(path)).items():
+            name = name.removeprefix("model.")
+            if name.startswith("lilicorr."):
+                state[name.removeprefix("lilicorr.")] = value
+    return state
+
+
 def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(target_model, "get_language_model"):
         return target_model.get_language_model()
@@ -63,8 +77,8 @@ class LiliPropProposer(DFlashProposer):
         inner = getattr(language_model, "model", language_model)
         embedding = getattr(inner, "embed_tokens", None)
         hf_config = self.draft_model_config.hf_config
-        head = getattr(getattr(self.model, "model", None), "lilicorr", None)
         draft_path = Path(self.draft_model_config.model)
+        has_head = getattr(getattr(self.model, "model", None), "lilicorr", None) is not None
         resources = RuleResources(
             draft_dir=draft_path if draft_path.is_dir() else None,
             vocab_size=int(hf_config.vocab_size),
@@ -75,9 +89,10 @@ class LiliPropProposer(DFlashProposer):
             block_size=int(
                 self.dflash_config.get("block_size", getattr(hf_config, "block_size", 0)) or 0
             ),
+            num_slots=int(self.num_speculative_tokens),
             draft_hidden_size=int(hf_config.hidden_size),
             rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
-            lattice_state_dict=None if head is None else dict(head.state_dict()),
+            lattice_state_dict=read_lattice_weights(draft_path) if has_head else None,
             tokenizer_fingerprint=(
                 self._tokenizer_fingerprint() if self.liliprop_options.uses_dels else None
             ),

@@ -1,0 +1,70 @@
+"""Command line: `python -m plots all --results FILE --out DIR`, `python -m plots table ...`."""
+
+import argparse
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m plots",
+        description="Figures and tables from eval's results table (parquet or CSV).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    every = commands.add_parser(
+        "all", help="write every figure (PNG + SVG), every table (.md + .tex) and DIR/index.md",
+        description="Write every figure the results support (PNG + SVG), the tables (markdown + LaTeX) "
+                    "and DIR/index.md listing them, with the figures skipped and why.",
+    )
+    every.add_argument("--results", required=True, help="results file written by `python -m eval run` (.parquet or .csv)")
+    every.add_argument("--out", required=True, help="output folder (created if missing)")
+    every.add_argument("--decode-pair", action="append", default=[], metavar="GREEDY=EXACT",
+                       help="pair two systems for the decode-rule ablation when their names do not follow "
+                            "the X-greedy / X-viterbi rule (repeatable)")
+    table = commands.add_parser("table", help="print one Table-1-style table to stdout",
+                                description="Print one Table-1-style table (rows benchmark [x temperature], "
+                                            "columns system, best per row in bold).")
+    table.add_argument("--results", required=True, help="results file (.parquet or .csv)")
+    table.add_argument("--value", default="tau", help="metric column: tau, speedup, tokens_per_s (default tau)")
+    table.add_argument("--format", choices=["md", "tex"], default="md", help="markdown or LaTeX (default md)")
+    args = parser.parse_args(argv)
+
+    # Imported after argument parsing so --help is quick.
+    from plots.io import load_results
+
+    try:
+        df = load_results(args.results)
+        if args.command == "all":
+            from plots.report import write_all
+
+            pairs = _parse_pairs(args.decode_pair)
+            report = write_all(df, args.out, decode_pairs=pairs, source=args.results)
+            print(f"wrote {len(report.figures)} figures, {len(report.tables)} tables, "
+                  f"skipped {len(report.skipped)}; index: {report.index}")
+        else:
+            from plots.select import main_setting, run_rows
+            from plots.tables import latex_table, markdown_table
+
+            rows = main_setting(run_rows(df), keep_sweeps=True).rows
+            render = markdown_table if args.format == "md" else latex_table
+            sys.stdout.write(render(rows, value=args.value))
+    except ValueError as error:
+        parser.error(str(error))
+    return 0
+
+
+def _parse_pairs(specs: list[str]) -> dict[str, str]:
+    pairs = {}
+    for spec in specs:
+        greedy, sep, exact = spec.partition("=")
+        if not sep or not greedy or not exact:
+            raise ValueError(f"--decode-pair {spec!r} must read GREEDY_SYSTEM=EXACT_SYSTEM")
+        pairs[greedy] = exact
+    return pairs
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Render every figure and table the results support, and index them.
+
+Each figure is built per split (target, temperature, ...) where its rows vary;
+a figure the rows cannot support is recorded as skipped with the reason, never
+drawn from made-up data.
+"""
+
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from plots.figures.ablation import decode_ablation, find_decode_pairs
+from plots.figures.acceptance import accept_per_position
+from plots.figures.common import NotPlottable
+from plots.figures.concurrency import metric_vs_concurrency
+from plots.figures.dels import SWEEP_KEYS, dels_heatmap, sweep_grid
+from plots.figures.speedup import speedup_bars
+from plots.figures.stages import stage_bars
+from plots.io import validate_results
+from plots.select import describe, main_setting, run_rows, split_by, split_sweeps, stage_rows, system_order
+from plots.style import save_figure, system_colors
+from plots.tables import decode_ablation_table, render_latex, render_markdown, results_table, stage_table
+
+CONCURRENCY_FIGURES = {
+    "throughput_vs_concurrency": "tokens_per_s",
+    "speedup_vs_concurrency": "speedup",
+    "tau_vs_concurrency": "tau",
+}
+TABLE_VALUES = {"tau": "acceptance length τ", "speedup": "speedup over AR", "tokens_per_s": "output tokens/s"}
+
+
+@dataclass
+class Written:
+    stem: str
+    title: str
+    files: list[Path]
+
+
+@dataclass
+class Report:
+    figures: list[Written] = field(default_factory=list)
+    tables: list[Written] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+    notes: list[str] = field(default_factory=list)
+    index: Path | None = None
+
+
+def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str] | None = None,
+              source: str = "results") -> Report:
+    """Write every supported figure (PNG + SVG) and table (.md + .tex) plus out_dir/index.md.
+
+    df: results table (validated here). decode_pairs: extra {greedy system: exact system}
+    pairs for the decode-rule ablation beyond the X-greedy / X-viterbi naming rule.
+    """
+    df = validate_results(df, source)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    runs, stages = run_rows(df), stage_rows(df)
+    fixed, sweep = split_sweeps(runs)
+    main = main_setting(runs)
+    report.notes += main.notes
+    colors = system_colors(system_order(df))
+    pairs = find_decode_pairs(system_order(runs), decode_pairs)
+
+    def figure(stem: str, build: Callable[[], Figure]) -> None:
+        try:
+            fig = build()
+        except NotPlottable as why:
+            report.skipped.append((stem, str(why)))
+            return
+        report.figures.append(Written(stem, fig.get_suptitle(), save_figure(fig, out_dir, stem)))
+
+    figure("speedup_bars", partial(speedup_bars, main.rows, colors))
+    for stem, metric in CONCURRENCY_FIGURES.items():
+        for values, rows in split_by(fixed.rows, ["target", "temperature"]):
+            figure(stem + describe(values)[0], partial(metric_vs_concurrency, rows, metric, colors))
+    for values, rows in split_by(main.rows, ["target", "temperature"]):
+        figure("accept_per_position" + describe(values)[0], partial(accept_per_position, rows, colors))
+    for values, rows in split_by(main.rows, ["target", "temperature"]):
+        figure("decode_ablation" + describe(values)[0], partial(decode_ablation, rows, pairs))
+    if sweep.empty:
+        report.skipped.append(("dels_heatmap", "no system was run at more than one (dels_alpha, dels_beta) "
+                                               "setting on a benchmark, so there is no sweep to map"))
+    for values, rows in ([] if sweep.empty else split_by(sweep, SWEEP_KEYS)):
+        report.notes += sweep_grid(rows).notes
+        figure("dels_heatmap" + describe(values)[0], partial(dels_heatmap, rows))
+    if stages.empty:
+        report.skipped.append(("stage_bars", "no kind == 'stage' rows (eval's stage-timing run writes them)"))
+    for values, rows in ([] if stages.empty else split_by(stages, ["target", "temperature", "concurrency",
+                                                                    "input_len"])):
+        figure("stage_bars" + describe(values)[0], partial(stage_bars, rows))
+
+    _write_tables(report, out_dir, main_setting(runs, keep_sweeps=True).rows, stages, pairs)
+    report.index = _write_index(report, out_dir, df, source)
+    return report
+
+
+def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages: pd.DataFrame, pairs) -> None:
+    def table(stem: str, title: str, build) -> None:
+        try:
+            built = build()
+        except ValueError as why:
+            report.skipped.append((stem, str(why)))
+            return
+        md, tex = out_dir / f"{stem}.md", out_dir / f"{stem}.tex"
+        md.write_text(render_markdown(built), encoding="utf-8")
+        tex.write_text(render_latex(built), encoding="utf-8")
+        report.tables.append(Written(stem, title, [md, tex]))
+
+    for value, name in TABLE_VALUES.items():
+        table(f"table_{value}", f"{name} per benchmark and system (Table 1 style)",
+              partial(results_table, main_rows, value))
+    for pair in pairs:
+        slug = describe({"base": pair.base})[0]
+        table(f"table_decode_ablation{slug}", f"decode-rule ablation, {pair.greedy} vs {pair.exact} (Table 12 style)",
+              partial(decode_ablation_table, main_rows, pair.greedy, pair.exact))
+    if stages.empty:
+        report.skipped.append(("table_stages", "no kind == 'stage' rows"))
+    else:
+        table("table_stages", "per-step stage decomposition in ms (Table 3 style)", partial(stage_table, stages))
+
+
+def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str) -> Path:
+    runs, stages = run_rows(df), stage_rows(df)
+    lines = [
+        "# Results figures and tables",
+        "",
+        f"Source: `{Path(source).name}`: {len(runs)} run rows, {len(stages)} stage rows; "
+        f"systems {', '.join(system_order(df))}.",
+        "Cells are means over seeds of per-seed means (over categories where a benchmark has them). "
+        "Tables and bars use each benchmark's lowest concurrency and input length.",
+        "",
+        "## Figures",
+        "",
+    ]
+    for written in report.figures:
+        png, svg = (p.name for p in written.files)
+        lines += [f"### {written.stem}", "", f"{written.title}. [PNG]({png}) · [SVG]({svg})", "",
+                  f"![{written.stem}]({png})", ""]
+    if not report.figures:
+        lines += ["None: the results support no figure (see Skipped).", ""]
+    lines += ["## Tables", ""]
+    for written in report.tables:
+        md, tex = written.files
+        lines += [f"### {written.stem}", "", f"{written.title}. [Markdown]({md.name}) · [LaTeX]({tex.name})", "",
+                  md.read_text(encoding="utf-8"), ""]
+    lines += ["## Skipped", ""]
+    lines += [f"- **{name}**: {reason}" for name, reason in report.skipped] or ["Nothing was skipped."]
+    if report.notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in report.notes]
+    index = out_dir / "index.md"
+    index.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return index

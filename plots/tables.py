@@ -1,0 +1,313 @@
+"""Table-1-style results tables as markdown or LaTeX, best value per row in bold.
+
+Rows are benchmarks (with target, temperature, concurrency and input length as
+extra row labels when they vary), columns are systems, a cell is the mean over
+seeds of one metric (see plots.select for how cells are averaged). eval reuses
+`markdown_table` for its printed summary.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from plots.select import (
+    ordered_unique,
+    run_rows,
+    seed_mean,
+    split_sweeps,
+    stage_rows,
+    system_order,
+    target_label,
+)
+
+# metric -> (caption name, decimals, unit suffix, direction of "best")
+METRICS = {
+    "tau": ("acceptance length τ", 2, "", "max"),
+    "speedup": ("speedup over AR", 2, "×", "max"),
+    "tokens_per_s": ("output tokens/s", 0, "", "max"),
+    "stage_ms": ("per-step ms", 2, "", "min"),
+}
+LABEL_HEADERS = {
+    "target": "Target",
+    "benchmark": "Benchmark",
+    "category": "Category",
+    "temperature": "T",
+    "concurrency": "c",
+    "input_len": "Input",
+    "stage": "Stage",
+}
+# Row-label columns that appear only when they take more than one value.
+OPTIONAL_LABELS = ["target", "benchmark", "temperature", "concurrency", "input_len"]
+NEEDED_COLUMNS = ["kind", "system", "benchmark", "temperature", "concurrency", "input_len", "seed",
+                  "target", "dels_alpha", "dels_beta"]
+
+
+@dataclass
+class TableRow:
+    labels: list[str]
+    values: list[float]  # one per value column; NaN = no data
+    extras: list[str] = field(default_factory=list)
+    rule_above: bool = False  # a summary row (Average) gets a separator above it
+    bold: bool = True  # mark this row's best value
+
+
+@dataclass
+class Table:
+    label_header: list[str]
+    value_header: list[str]
+    rows: list[TableRow]
+    digits: int
+    unit: str = ""
+    best: str = "max"  # "max" | "min"
+    extra_header: list[str] = field(default_factory=list)
+    caption: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def cell_text(self, value: float) -> str:
+        return f"{value:.{self.digits}f}"
+
+    def best_columns(self, row: TableRow) -> set[int]:
+        """Indices of the best value in the row (all ties, compared as displayed)."""
+        shown = [round(v, self.digits) if not math.isnan(v) else None for v in row.values]
+        present = [v for v in shown if v is not None]
+        if not row.bold or len(present) < 2:
+            return set()
+        target = max(present) if self.best == "max" else min(present)
+        return {i for i, v in enumerate(shown) if v == target}
+
+
+def markdown_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
+                   best: str | None = None, digits: int | None = None) -> str:
+    """Results -> markdown table: rows benchmark [x temperature ...], columns system.
+
+    df: a results table (eval.schema columns; kind == "run" rows are used).
+    value: metric column, e.g. "tau", "speedup", "tokens_per_s".
+    rows: row-label columns; default: benchmark plus whichever of target,
+        temperature, concurrency, input_len take more than one value.
+    best: "max" or "min" (default from the metric); digits: decimals shown.
+    Cells are means over seeds; the best per row is **bold**. Notes on rows left
+    out (DeLS sweeps) and on the Average row follow the table.
+    """
+    return render_markdown(results_table(df, value, rows, best, digits))
+
+
+def latex_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
+                best: str | None = None, digits: int | None = None) -> str:
+    """Same table as markdown_table, as a booktabs LaTeX tabular with \\textbf{} for the best."""
+    return render_latex(results_table(df, value, rows, best, digits))
+
+
+def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
+                  best: str | None = None, digits: int | None = None) -> Table:
+    """Build the Table-1-style Table that markdown_table and latex_table render."""
+    require_columns(df, NEEDED_COLUMNS + [value] + list(rows or []), "markdown_table")
+    runs = run_rows(df)
+    if runs.empty:
+        raise ValueError("results have no rows with kind == 'run' to tabulate; run `python -m eval run` first")
+    fixed, _ = split_sweeps(runs)
+    if fixed.rows.empty:
+        raise ValueError("every run row belongs to a (dels_alpha, dels_beta) sweep; no fixed setting to tabulate")
+    labels = rows if rows is not None else _auto_labels(fixed.rows)
+    name, default_digits, unit, default_best = METRICS.get(value, (value, 2, "", "max"))
+    table = pivot(fixed.rows, value, labels, best or default_best, default_digits if digits is None else digits, unit)
+    table.caption = f"{name}, mean over seeds; best per row in bold"
+    table.notes = fixed.notes + _setting_note(fixed.rows, labels) + table.notes
+    if "benchmark" in labels:
+        add_average_rows(table, labels.index("benchmark"))
+    return table
+
+
+def stage_table(df: pd.DataFrame, digits: int = 2) -> Table:
+    """Stage decomposition (paper Table 3 style): rows stage, columns system, ms per step; lowest in bold."""
+    require_columns(df, NEEDED_COLUMNS + ["stage", "stage_ms"], "stage_table")
+    stages = stage_rows(df)
+    if stages.empty:
+        raise ValueError("results have no rows with kind == 'stage'; eval writes them with the stage-timing run")
+    labels = [c for c in OPTIONAL_LABELS if stages[c].nunique() > 1] + ["stage"]
+    table = pivot(stages, "stage_ms", labels, "min", digits, "")
+    table.caption = "per-step stage time in ms, mean over seeds; lowest per row in bold"
+    return table
+
+
+def decode_ablation_table(df: pd.DataFrame, greedy: str, exact: str, value: str = "tau",
+                          digits: int = 3) -> Table:
+    """Decode-rule ablation (paper Table 12 style) for one greedy/exact system pair.
+
+    Columns: greedy, exact, Δ = (exact - greedy) / greedy in percent, so negative
+    favors greedy. Rows: benchmarks measured under both rules; a Mean Δ row closes
+    each group (target, temperature, ...) of two or more benchmarks.
+    """
+    require_columns(df, NEEDED_COLUMNS + [value], "decode_ablation_table")
+    runs = run_rows(df)
+    runs = runs[runs["system"].isin([greedy, exact])]
+    if runs.empty:
+        raise ValueError(f"decode_ablation_table: no run rows for system {greedy!r} or {exact!r}")
+    labels = _auto_labels(runs)
+    table = pivot(runs, value, labels, METRICS.get(value, (value, 2, "", "max"))[3], digits, "",
+                  systems=[greedy, exact])
+    one_sided = [row for row in table.rows if any(math.isnan(v) for v in row.values)]
+    if one_sided:
+        table.notes.append("Left out, measured under one rule only: "
+                           + "; ".join(", ".join(l for l in row.labels if l) for row in one_sided) + ".")
+    bench = labels.index("benchmark")
+    groups: dict[tuple, list[TableRow]] = {}
+    for row in table.rows:
+        if row not in one_sided:
+            groups.setdefault(tuple(v for i, v in enumerate(row.labels) if i != bench), []).append(row)
+    table.rows = []
+    for other, members in groups.items():
+        deltas = [(e - g) / g * 100.0 for g, e in (row.values for row in members)]
+        for row, delta in zip(members, deltas):
+            row.extras = [_percent(delta)]
+        table.rows.extend(members)
+        if len(members) > 1:
+            labels_mean = list(other)
+            labels_mean.insert(bench, "Mean Δ")
+            table.rows.append(TableRow(labels_mean, [math.nan, math.nan], [_percent(float(np.mean(deltas)))],
+                                       rule_above=True, bold=False))
+    if not table.rows:
+        raise ValueError(f"decode_ablation_table: no benchmark has both {greedy!r} and {exact!r}")
+    name = METRICS.get(value, (value,))[0]
+    table.caption = f"decode-rule ablation, {name}; Δ is greedy → exact, negative favors greedy"
+    return table
+
+
+def pivot(rows: pd.DataFrame, value: str, labels: list[str], best: str, digits: int, unit: str,
+          systems: list[str] | None = None) -> Table:
+    """Seed-mean `value` per (labels, system) and lay it out as label rows x system columns."""
+    cells = seed_mean(rows, labels + ["system"], value)
+    systems = systems or system_order(rows)
+    lookup = {tuple(r[labels + ["system"]]): r[value] for _, r in cells.iterrows()}
+    keys = ordered_unique(tuple(r) for r in rows[labels].itertuples(index=False))
+    table_rows = [
+        TableRow([format_label(c, v) for c, v in zip(labels, key)],
+                 [float(lookup.get(key + (s,), math.nan)) for s in systems])
+        for key in keys
+    ]
+    return Table([LABEL_HEADERS.get(c, c) for c in labels], list(systems), table_rows, digits, unit, best)
+
+
+def add_average_rows(table: Table, benchmark_index: int) -> None:
+    """Append an Average row (unweighted mean over benchmarks) per group of the other labels.
+
+    A system missing any benchmark of the group gets no average (shown as a dash).
+    """
+    groups: dict[tuple, list[TableRow]] = {}
+    for row in table.rows:
+        other = tuple(v for i, v in enumerate(row.labels) if i != benchmark_index)
+        groups.setdefault(other, []).append(row)
+    if all(len(members) < 2 for members in groups.values()):
+        return
+    out = []
+    for other, members in groups.items():
+        out.extend(members)
+        if len(members) < 2:
+            continue
+        matrix = np.array([m.values for m in members])
+        with np.errstate(all="ignore"):
+            means = [float(np.mean(col)) if not np.isnan(col).any() else math.nan for col in matrix.T]
+        labels = list(other)
+        labels.insert(benchmark_index, "Average")
+        out.append(TableRow(labels, means, rule_above=True))
+    table.rows = out
+    table.notes.append("Average: unweighted mean over the benchmarks above it; a dash where a system lacks one.")
+
+
+def render_markdown(table: Table) -> str:
+    header = table.label_header + table.value_header + table.extra_header
+    align = ["---"] * len(table.label_header) + ["---:"] * (len(table.value_header) + len(table.extra_header))
+    lines = [_md_row(header), _md_row(align)]
+    for row in table.rows:
+        best = table.best_columns(row)
+        values = []
+        for i, v in enumerate(row.values):
+            text = "—" if math.isnan(v) else table.cell_text(v) + table.unit
+            values.append(f"**{text}**" if i in best else text)
+        lines.append(_md_row(row.labels + values + row.extras))
+    text = "\n".join(lines) + "\n"
+    footer = ([f"*{table.caption}*"] if table.caption else []) + [f"- {n}" for n in table.notes]
+    return text + ("\n" + "\n".join(footer) + "\n" if footer else "")
+
+
+def render_latex(table: Table) -> str:
+    n_labels = len(table.label_header)
+    spec = "l" * n_labels + "r" * (len(table.value_header) + len(table.extra_header))
+    header = [latex_escape(h) for h in table.label_header + table.value_header + table.extra_header]
+    unit = {"×": r"$\times$"}.get(table.unit, latex_escape(table.unit))
+    lines = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    for row in table.rows:
+        if row.rule_above:
+            lines.append(r"\midrule")
+        best = table.best_columns(row)
+        values = []
+        for i, v in enumerate(row.values):
+            text = "--" if math.isnan(v) else table.cell_text(v) + unit
+            values.append(f"\\textbf{{{text}}}" if i in best else text)
+        cells = [latex_escape(x) for x in row.labels] + values + [latex_escape(x) for x in row.extras]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    comments = [f"% {latex_escape(table.caption)}"] if table.caption else []
+    comments += [f"% {latex_escape(n)}" for n in table.notes]
+    return "\n".join(comments + lines) + "\n"
+
+
+def format_label(column: str, value) -> str:
+    if column == "target":
+        return target_label(value)
+    if column == "temperature":
+        return f"{value:g}"
+    if column == "input_len":
+        return str(value) if value else "natural"
+    return str(value)
+
+
+def latex_escape(text: str) -> str:
+    replace = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+               "τ": r"$\tau$", "Δ": r"$\Delta$", "→": r"$\to$", "×": r"$\times$", "−": "-"}
+    return "".join(replace.get(ch, ch) for ch in str(text))
+
+
+def require_columns(df: pd.DataFrame, columns: list[str], where: str) -> None:
+    missing = [c for c in dict.fromkeys(columns) if c not in df.columns]
+    if missing:
+        raise ValueError(f"{where}: results lack column(s) {', '.join(missing)}; pass a table with the eval.schema columns")
+
+
+def _auto_labels(runs: pd.DataFrame) -> list[str]:
+    """benchmark, plus target and temperature when they vary, plus concurrency and input
+    length when one benchmark was run at several (else they are a property of the benchmark)."""
+    labels = []
+    for column in OPTIONAL_LABELS:
+        if column in ("concurrency", "input_len"):
+            varies = runs.groupby(["target", "benchmark", "temperature"])[column].nunique().gt(1).any()
+        else:
+            varies = column == "benchmark" or runs[column].nunique() > 1
+        if varies:
+            labels.append(column)
+    return labels
+
+
+def _setting_note(runs: pd.DataFrame, labels: list[str]) -> list[str]:
+    """When benchmarks differ in concurrency or input length but those are not row labels, say which is which."""
+    hidden = [c for c in ("concurrency", "input_len") if c not in labels and runs[c].nunique() > 1]
+    if not hidden:
+        return []
+    settings = runs[["benchmark"] + hidden].drop_duplicates()
+    parts = []
+    for _, row in settings.iterrows():
+        words = [f"c={row['concurrency']}" if c == "concurrency" else
+                 (f"input {row['input_len']}" if row["input_len"] else "natural input") for c in hidden]
+        parts.append(f"{row['benchmark']} ({', '.join(words)})")
+    return ["Setting per benchmark: " + "; ".join(parts) + "."]
+
+
+def _percent(delta: float) -> str:
+    return "—" if math.isnan(delta) else f"{delta:+.2f}%"
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(str(c).replace("|", r"\|") for c in cells) + " |"
+

@@ -1,0 +1,88 @@
+"""Hand-built drafts whose drafts are known in advance, for exact counter predictions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vllm_liliprop.fixtures import build_tiny_dflash_draft, build_tiny_lilicorr_draft
+from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+
+
+def _mask_state(target_dir: Path, draft_config: dict) -> torch.Tensor:
+    """The drafter's final hidden state at every mask slot once its layers add nothing:
+    RMSNorm(embedding[mask]) with unit gain."""
+    weights = load_file(str(Path(target_dir) / "model.safetensors"))
+    e = weights["model.embed_tokens.weight"][draft_config["dflash_config"]["mask_token_id"]].float()
+    return e * torch.rsqrt(e.pow(2).mean() + draft_config["rms_norm_eps"])
+
+
+def make_constant_drafter(draft_dir: Path, target_dir: Path, ranked_tokens: list[int]) -> None:
+    """Rewrite a tiny draft so that every slot's logits are the same: ranked_tokens[0] first,
+    ranked_tokens[1] second, ..., every other token 0 (ties: lowest id first).
+
+    The layers' output projections are zeroed, so the residual stream at a mask slot is the mask
+    embedding, and the draft gets its own LM head aimed at that state."""
+    draft_dir = Path(draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    weights = load_file(str(draft_dir / "model.safetensors"))
+    for name in weights:
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            weights[name] = torch.zeros_like(weights[name])
+    m = _mask_state(target_dir, config)
+    lm_head = torch.zeros(config["vocab_size"], config["hidden_size"])
+    for rank, token in enumerate(ranked_tokens):
+        lm_head[token] = (len(ranked_tokens) - rank + 1) * m / m.dot(m)
+    weights["lm_head.weight"] = lm_head
+    save_file(weights, str(draft_dir / "model.safetensors"))
+    config["has_own_lm_head"] = True
+    (draft_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def rank_preferring_head_weights(config: LatticeConfig, rank: int) -> dict[str, torch.Tensor]:
+    """LiLiCorr head weights whose start and pair scores are logit_scale at candidate `rank` and 0
+    elsewhere, whatever the tokens: every walk then picks rank `rank` in every slot.
+
+    Needs num_layers = 0 and a head width (lilicorr_hidden_size) different from the draft's, so
+    that the token projection exists and can be zeroed. Only the rank embedding reaches the
+    candidate's in-vector (one axis per rank); the out-vectors and the anchor's are the axis of
+    `rank`."""
+    assert config.num_layers == 0 and config.width != config.model_hidden_size
+    k, width = config.candidate_topk, config.width
+    assert k <= width and k <= config.factor_dim
+    head = LatticeHead(config)
+    state = {name: torch.zeros_like(value) for name, value in head.state_dict().items()}
+    for name in state:
+        if name.endswith("norm.weight"):
+            state[name] = torch.ones_like(state[name])
+    state["rank_embedding"][0, 0, 0, :, :k] = torch.eye(k)
+    state["factor_input_proj.weight"][:, :width] = torch.eye(width)
+    state["in_head.weight"][:k, :k] = torch.eye(k)
+    state["out_head.bias"][rank] = 1.0
+    state["anchor_out_head.bias"][rank] = 1.0
+    return state
+
+
+def build_rank_preferring_lilicorr(out_dir, target_dir, ranked_tokens, rank, topk=4):
+    """A LiLiCorr draft over the constant drafter whose head always walks candidate `rank`."""
+    build_tiny_lilicorr_draft(out_dir, target_dir, topk=topk, num_layers=0, head_width=64)
+    config = json.loads((Path(out_dir) / "config.json").read_text())
+    lattice_config = LatticeConfig.from_dflash_config(
+        config["dflash_config"], config["hidden_size"], config["dflash_config"]["block_size"],
+        config["rms_norm_eps"],
+    )
+    weights = load_file(str(Path(out_dir) / "model.safetensors"))
+    for name, value in rank_preferring_head_weights(lattice_config, rank).items():
+        weights[f"lilicorr.{name}"] = value.contiguous()
+    save_file(weights, str(Path(out_dir) / "model.safetensors"))
+    make_constant_drafter(Path(out_dir), Path(target_dir), ranked_tokens)
+    return out_dir
+
+
+def build_constant_dflash(out_dir, target_dir, ranked_tokens):
+    build_tiny_dflash_draft(out_dir, target_dir)
+    make_constant_drafter(Path(out_dir), Path(target_dir), ranked_tokens)
+    return out_dir

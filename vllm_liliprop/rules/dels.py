@@ -1,0 +1,84 @@
+"""DeLS-Spec: the drafter's logits fused with a short-context head, slot by slot."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_liliprop.heads.dels_io import load_dels_head
+from vllm_liliprop.heads.dels_rules import dels_draft, dels_draft_sampled
+from vllm_liliprop.options import LiliPropOptions, OptionError
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput
+from vllm_liliprop.rules.lattice import sampling_temperature
+
+
+def load_dels(options: LiliPropOptions, resources):
+    """(head, log_prior, alpha[S], beta[S], pure_draft_prefix_len) for this draft."""
+    from pathlib import Path
+
+    path = Path(options.dels_path)
+    if not path.is_absolute():
+        if resources.draft_dir is None:
+            raise OptionError(
+                f"dels_path = {options.dels_path!r} is relative but the draft is not a local "
+                "directory; give an absolute dels_path."
+            )
+        path = resources.draft_dir / path
+    if not path.exists():
+        raise OptionError(
+            f"dels_path: no DeLS head at {path}; export one with `python -m training.export` "
+            "or point dels_path at a folder with config.json + model.safetensors."
+        )
+    head, prior, config = load_dels_head(
+        path, resources.embed_weight, resources.vocab_size, resources.tokenizer_fingerprint,
+        device=resources.device,
+    )
+    num_slots = resources.num_slots
+    weights = {}
+    for name in ("alpha", "beta"):
+        override = getattr(options, f"dels_{name}")
+        if override is None:
+            weights[name] = config.slot_weights(name, num_slots)
+        elif isinstance(override, float):
+            weights[name] = [override] * num_slots
+        elif len(override) < num_slots:
+            raise OptionError(
+                f"dels_{name} has {len(override)} per-slot weights but the draft proposes "
+                f"{num_slots} tokens; give one number or at least {num_slots} entries."
+            )
+        else:
+            weights[name] = list(override[:num_slots])
+    return head.eval(), prior.log_probs, weights["alpha"], weights["beta"], config.pure_draft_prefix_len
+
+
+class DelsRule:
+    needs_anchor_hidden = False
+
+    def __init__(self, head, log_prior, alpha, beta, pure_draft_prefix_len=0,
+                 sampling="deterministic"):
+        self.head, self.log_prior = head, log_prior
+        self.alpha, self.beta = alpha, beta
+        self.pure_draft_prefix_len = pure_draft_prefix_len
+        self.sampling = sampling
+        self.name = "dels" + ("-sampled" if sampling == "probabilistic" else "")
+
+    @classmethod
+    def from_resources(cls, options: LiliPropOptions, resources) -> "DelsRule":
+        head, log_prior, alpha, beta, prefix = load_dels(options, resources)
+        return cls(head, log_prior, alpha, beta, prefix, options.sampling)
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        long_logits = inputs.long_logits()
+        s = long_logits.shape[1]
+        alpha, beta = self.alpha[:s], self.beta[:s]
+        temperature = sampling_temperature(inputs, self.sampling)
+        if temperature is not None:
+            ids, probs = dels_draft_sampled(
+                long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
+                temperature, pure_draft_prefix_len=self.pure_draft_prefix_len,
+            )
+            faulty = ~torch.isfinite(probs).flatten(1).all(-1)
+            return DraftOutput(ids, probs, faulty)
+        ids = dels_draft(long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
+                         pure_draft_prefix_len=self.pure_draft_prefix_len)
+        return DraftOutput(ids)

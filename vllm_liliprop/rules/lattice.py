@@ -1,0 +1,111 @@
+"""LiLiCorr: top-K candidates per slot, the lattice head's transition scores, then a walk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_liliprop.heads.candidates import topk_candidates
+from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.options import LiliPropOptions
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput
+from vllm_liliprop.walks import greedy_walk, sampled_walk, viterbi_walk
+
+# vLLM treats temperatures below this as greedy.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass
+class Lattice:
+    candidate_ids: torch.Tensor  # [B, S, K] int64
+    start: torch.Tensor  # [B, K] fp32
+    pairs: torch.Tensor  # [B, S-1, K, K] fp32
+
+    def faulty_rows(self) -> torch.Tensor:
+        finite = torch.isfinite(self.start).all(-1)
+        if self.pairs.shape[1]:
+            finite &= torch.isfinite(self.pairs).flatten(1).all(-1)
+        return ~finite
+
+
+def sampling_temperature(inputs: DraftInputs, sampling: str) -> torch.Tensor | None:
+    """Per-request temperatures when drafts are sampled, else None (deterministic drafts)."""
+    if sampling != "probabilistic" or inputs.temperature is None:
+        return None
+    t = inputs.temperature.float()
+    return torch.where(t < GREEDY_TEMPERATURE, torch.zeros_like(t), t)
+
+
+def load_lattice_head(resources) -> LatticeHead:
+    """Our `LatticeHead` with the weights vLLM loaded from a `LiLiCorrDraftModel` checkpoint."""
+    config = LatticeConfig.from_dflash_config(
+        resources.dflash_config, resources.draft_hidden_size, resources.block_size,
+        resources.rms_norm_eps,
+    )
+    if config.candidate_topk > resources.vocab_size:
+        raise ValueError(
+            f"dflash_config.lilicorr_candidate_topk = {config.candidate_topk} exceeds the "
+            f"vocabulary ({resources.vocab_size}); use a smaller power of two."
+        )
+    if resources.embed_weight is not None and resources.embed_weight.shape[1] != config.model_hidden_size:
+        raise ValueError(
+            f"the target's embedding width {resources.embed_weight.shape[1]} does not match the "
+            f"LiLiCorr head's token input width (draft hidden_size {config.model_hidden_size}); "
+            "the head must be trained for this target."
+        )
+    if resources.lattice_state_dict is None:
+        raise ValueError("the LiLiCorr checkpoint has no head weights (lilicorr.*)")
+    head = LatticeHead(config)
+    head.load_state_dict(resources.lattice_state_dict, strict=True)
+    return head.to(device=resources.device, dtype=resources.dtype).eval()
+
+
+class LatticeRule:
+    needs_anchor_hidden = True
+
+    def __init__(self, head: LatticeHead, vocab_size: int, walk: str = "greedy",
+                 sampling: str = "deterministic"):
+        self.head = head
+        self.vocab_size = vocab_size
+        self.walk = walk
+        self.sampling = sampling
+        self.name = f"lattice-{walk}" + ("-sampled" if sampling == "probabilistic" else "")
+
+    @classmethod
+    def from_resources(cls, options: LiliPropOptions, resources) -> "LatticeRule":
+        return cls(load_lattice_head(resources), resources.vocab_size, options.walk,
+                   options.sampling)
+
+    @torch.inference_mode()
+    def lattice(self, inputs: DraftInputs) -> Lattice:
+        b, s, h = inputs.hidden.shape
+        k = self.head.config.candidate_topk
+        ids, log_probs = topk_candidates(inputs.long_logits().view(b * s, -1), k)
+        ids, log_probs = ids.view(b, s, k), log_probs.view(b, s, k)
+        start, pairs = self.head.score(
+            inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
+        )
+        return Lattice(ids, start, pairs)
+
+    def walk_scores(self, inputs: DraftInputs, lattice: Lattice):
+        """(start, pairs) the walk maximizes; the DeLS combination adds its terms here."""
+        return lattice.start, lattice.pairs
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        lattice = self.lattice(inputs)
+        start, pairs = self.walk_scores(inputs, lattice)
+        temperature = sampling_temperature(inputs, self.sampling)
+        probs = None
+        if temperature is not None:
+            index, step_probs = sampled_walk(start, pairs, temperature)
+            probs = torch.zeros(*index.shape, self.vocab_size, dtype=torch.float32,
+                                device=index.device)
+            probs.scatter_(-1, lattice.candidate_ids, step_probs)
+        elif self.walk == "viterbi":
+            index = viterbi_walk(start, pairs)
+        else:
+            index = greedy_walk(start, pairs)
+        token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+        return DraftOutput(token_ids, probs, lattice.faulty_rows())
