@@ -86,3 +86,40 @@ def build_constant_dflash(out_dir, target_dir, ranked_tokens):
     build_tiny_dflash_draft(out_dir, target_dir)
     make_constant_drafter(Path(out_dir), Path(target_dir), ranked_tokens)
     return out_dir
+
+
+def attach_markov_head(draft_dir, target_dir, predicted_token, vocab_size=1024, strength=50.0,
+                       **config_fields):
+    """A Markov DeLS head (in `<draft_dir>/dels`) whose short logits put `strength` on
+    `predicted_token` after any token, with a uniform prior."""
+    from transformers import AutoTokenizer
+
+    from vllm_liliprop.heads.dels import MarkovShortHead, UnigramPrior
+    from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head, tokenizer_fingerprint
+
+    head = MarkovShortHead(vocab_size, rank=4)
+    with torch.no_grad():
+        head.state_embed.weight.zero_()
+        head.state_embed.weight[:, 0] = 1.0
+        head.rank_to_vocab.weight.zero_()
+        head.rank_to_vocab.weight[predicted_token, 0] = strength
+    prior = UnigramPrior.from_counts(torch.zeros(vocab_size))
+    fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(target_dir))
+    config = DelsConfig.for_head(head, prior, tokenizer_fingerprint=fingerprint, **config_fields)
+    return save_dels_head(Path(draft_dir) / "dels", head, prior, config)
+
+
+def attach_random_gru_head(draft_dir, target_dir, seed=0, vocab_size=1024):
+    """A randomly initialised GRU DeLS head sharing the target's embeddings."""
+    from transformers import AutoTokenizer
+
+    from vllm_liliprop.heads.dels import GRUShortHead, UnigramPrior
+    from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head, tokenizer_fingerprint
+
+    torch.manual_seed(seed)
+    embed = load_file(str(Path(target_dir) / "model.safetensors"))["model.embed_tokens.weight"]
+    head = GRUShortHead(embed.float(), hidden_size=32, rank=16)
+    prior = UnigramPrior.from_counts(torch.arange(vocab_size).float() % 7)
+    fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(target_dir))
+    config = DelsConfig.for_head(head, prior, tokenizer_fingerprint=fingerprint)
+    return save_dels_head(Path(draft_dir) / "dels", head, prior, config)
