@@ -1,0 +1,238 @@
+"""Time the Triton kernels against torch eager and torch.compile of their references.
+
+    python -m vllm_liliprop.kernels.bench            # CUDA: B in 1 8 32 64, S=15, K=8, V=151936
+    python -m vllm_liliprop.kernels.bench --quick    # a small run (what the CPU test uses)
+
+Every column of a row is measured in the same process on the same inputs, after warm-up, as
+the median of per-call CUDA-event times (wall-clock on CPU). Ratios are reference time /
+Triton time, so > 1 means the kernel is faster. The greedy walk is also timed against vLLM's
+in-tree `_selector_walk_kernel` (DFlash2 / LiLiCorr candidate walk) when vllm is importable.
+
+Problem sizes follow one draft block: B requests, S = 15 drafted slots, K candidates, D-dim
+LiLiCorr vectors; the vocabulary-wide kernels see N = B * S rows of V logits.
+Without a CUDA device the Triton columns cannot run; the torch columns are still timed on a
+small problem so the harness itself is exercised.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
+from vllm_liliprop.kernels import reference, triton_available
+from vllm_liliprop.walks import greedy_walk as torch_greedy_walk
+from vllm_liliprop.walks import viterbi_walk as torch_viterbi_walk
+
+
+@dataclass
+class Case:
+    name: str
+    make_inputs: Callable[[int], tuple]  # batch -> positional args
+    torch_fn: Callable
+    triton_fn: Callable | None  # None when no CUDA/triton
+
+
+def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> float:
+    """Median milliseconds per call."""
+    for _ in range(warmup):
+        fn(*args)
+    times = []
+    if cuda:
+        torch.cuda.synchronize()
+        for _ in range(iters):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            began = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
+
+
+def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> list[Case]:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    def vocab_rows(batch):
+        return randn(batch * num_slots, vocab_size, dtype=dtype)
+
+    def lattice(batch):
+        return randn(batch, k), randn(batch, num_slots - 1, k, k)
+
+    def vectors(batch):
+        out_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
+        in_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
+        return randn(batch, k), out_vec, in_vec, 8.0
+
+    log_prior = torch.log_softmax(randn(vocab_size), dim=0)
+
+    def dels_inputs(batch):
+        rows = batch * num_slots
+        alpha = torch.full((rows,), 0.3, device=device)
+        return vocab_rows(batch), vocab_rows(batch), log_prior, alpha, 0.3
+
+    def dels_candidate_inputs(batch):
+        ids = torch.randint(0, vocab_size, (batch * num_slots, k), generator=generator).to(device)
+        return (*dels_inputs(batch), ids)
+
+    triton_topk = triton_walks = triton_dels = None
+    if use_triton:
+        from vllm_liliprop.kernels import triton_dels, triton_topk, triton_walks
+    return [
+        Case("topk_candidates", lambda b: (vocab_rows(b), k), torch_topk_candidates,
+             triton_topk and triton_topk.topk_candidates),
+        Case("greedy_walk", lattice, torch_greedy_walk, triton_walks and triton_walks.greedy_walk),
+        Case("greedy_walk_from_vectors", vectors, reference.greedy_walk_from_vectors,
+             triton_walks and triton_walks.greedy_walk_from_vectors),
+        Case("viterbi_walk", lattice, torch_viterbi_walk, triton_walks and triton_walks.viterbi_walk),
+        Case("dels_argmax", dels_inputs, reference.dels_argmax, triton_dels and triton_dels.dels_argmax),
+        Case("dels_fuse_at_candidates", dels_candidate_inputs, reference.dels_fuse_at_candidates,
+             triton_dels and triton_dels.dels_fuse_at_candidates),
+    ]
+
+
+def _vllm_selector_walk():
+    """vLLM's greedy candidate walk as fn(start, pairs) -> tokens [B, S], or None.
+
+    vLLM's kernel reads a [B, S, K, K] score tensor whose step 0 uses row 0 (no previous
+    pick), so start goes to scores[:, 0, 0] and pairs to scores[:, 1:]; candidate ids are
+    0..K-1, which makes its tokens directly comparable with our paths.
+    """
+    try:
+        import triton
+        from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import _selector_walk_kernel
+    except Exception as error:  # vllm missing, or built without this kernel
+        print(f"  (vLLM selector walk unavailable: {type(error).__name__}: {error})")
+        return None
+
+    buffers = {}
+
+    def prepare(start, pairs):
+        batch, k = start.shape
+        num_slots = pairs.shape[1] + 1
+        device = start.device
+        scores = torch.zeros(batch, num_slots, k, k, dtype=torch.float32, device=device)
+        scores[:, 0, 0] = start
+        scores[:, 1:] = pairs
+        buffers[batch] = dict(
+            scores=scores,
+            candidates=torch.arange(k, device=device).expand(batch, num_slots, k).contiguous(),
+            sample_pos=torch.ones(batch * num_slots, dtype=torch.int64, device=device),
+            idx_mapping=torch.arange(batch, dtype=torch.int32, device=device).repeat_interleave(num_slots),
+            temperature=torch.zeros(batch, dtype=torch.float32, device=device),
+            seeds=torch.zeros(batch, dtype=torch.int64, device=device),
+            tokens=torch.empty(batch * num_slots, dtype=torch.int64, device=device),
+            realized=torch.empty(batch, num_slots, k, dtype=torch.float32, device=device),
+        )
+
+    def walk(start, pairs):
+        batch, k = start.shape
+        num_slots = pairs.shape[1] + 1
+        if batch not in buffers:
+            prepare(start, pairs)
+        buf = buffers[batch]
+        _selector_walk_kernel[(batch,)](
+            buf["scores"], buf["candidates"], buf["sample_pos"], buf["idx_mapping"],
+            buf["temperature"], buf["seeds"], buf["tokens"], buf["realized"],
+            num_steps=num_slots, top_k=k, BLOCK_K=triton.next_power_of_2(k),
+            SAMPLE_PROBABILISTIC=False, USE_FP64=False, num_warps=1,
+        )
+        return buf["tokens"].view(batch, num_slots)
+
+    return walk
+
+
+def _format(ms: float | None) -> str:
+    return "      -" if ms is None else f"{ms:7.3f}"
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or denominator is None:
+        return "     -"
+    return f"{numerator / denominator:5.2f}x"
+
+
+def run(args) -> None:
+    cuda = torch.cuda.is_available()
+    use_triton = cuda and triton_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = getattr(torch, args.dtype)
+    if not use_triton:
+        reason = "no CUDA device" if not cuda else "triton is not importable"
+        print(f"NOTE: the Triton columns require a CUDA device with triton ({reason}); "
+              f"timing only the torch paths on {device}.")
+    compile_torch = not args.no_compile and (cuda or not args.quick)
+    if not compile_torch:
+        print("NOTE: torch.compile skipped (--no-compile, or --quick on CPU where inductor's C++ "
+              "build takes about a minute per function).")
+    print(f"device={device} dtype={args.dtype} S={args.slots} K={args.k} V={args.vocab} D={args.dim} "
+          f"warmup={args.warmup} iters={args.iters}; times in ms (median), ratios = reference / Triton")
+
+    cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, args.dim, use_triton)
+    selector_walk = _vllm_selector_walk() if use_triton else None
+    for case in cases:
+        print(f"\n{case.name}")
+        header = "  batch  triton    eager  compiled  eager/triton  compiled/triton"
+        with_vllm = case.name == "greedy_walk" and selector_walk is not None
+        print(header + ("    vllm  vllm/triton" if with_vllm else ""))
+        compiled = torch.compile(case.torch_fn, dynamic=False) if compile_torch else None
+        for batch in args.batches:
+            inputs = case.make_inputs(batch)
+            triton_ms = eager_ms = compiled_ms = vllm_ms = None
+            if case.triton_fn is not None:
+                triton_ms = _time(case.triton_fn, inputs, args.warmup, args.iters, cuda)
+            eager_ms = _time(case.torch_fn, inputs, args.warmup, args.iters, cuda)
+            if compiled is not None:
+                try:
+                    compiled_ms = _time(compiled, inputs, args.warmup, args.iters, cuda)
+                except Exception as error:  # report, keep the other columns
+                    print(f"  torch.compile failed at batch {batch}: {type(error).__name__}: {error}")
+                    compiled = None
+            line = (f"  {batch:5d} {_format(triton_ms)}  {_format(eager_ms)}  {_format(compiled_ms)}"
+                    f"        {_ratio(eager_ms, triton_ms)}           {_ratio(compiled_ms, triton_ms)}")
+            if with_vllm:
+                vllm_ms = _time(selector_walk, inputs, args.warmup, args.iters, cuda)
+                agrees = torch.equal(selector_walk(*inputs), case.triton_fn(*inputs))
+                line += f" {_format(vllm_ms)}       {_ratio(vllm_ms, triton_ms)}"
+                line += "" if agrees else "  (paths differ!)"
+            print(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and few iterations")
+    parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--slots", type=int, default=15, help="drafted slots S (block 16 -> 15)")
+    parser.add_argument("--k", type=int, default=8, help="candidates K per slot")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size V")
+    parser.add_argument("--dim", type=int, default=None, help="LiLiCorr vector dim D")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of logits and vectors (lattice scores are fp32)")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.batches = args.batches or ([1, 8] if quick else [1, 8, 32, 64])
+    args.vocab = args.vocab or (4096 if quick else 151_936)
+    args.dim = args.dim or (64 if quick else 1024)
+    args.warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
+    args.iters = args.iters if args.iters is not None else (5 if quick else 50)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""One-shot correctness check of the Triton kernels on a real device.
+
+    python -m vllm_liliprop.kernels.device_check            # CUDA: serving shapes + CUDA graphs
+    TRITON_INTERPRET=1 python -m vllm_liliprop.kernels.device_check --quick   # CPU, interpreted
+
+For each kernel and batch it compares the Triton result with the torch reference run on the
+same device and inputs (ids/paths exactly, scores to 2e-5). On CUDA it also
+  - runs every Triton call under torch.cuda.set_sync_debug_mode("error"), so a hidden
+    host synchronization raises, and
+  - captures every call in a CUDA graph, replays it on fresh inputs copied into the captured
+    buffers, and checks the replayed outputs against the reference.
+Exit status 0 only if every check passed. The interpreted tests cover ties, NaN and the edge
+cases; this script is the part that needs the GPU.
+"""
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import torch
+
+from vllm_liliprop import walks
+from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
+from vllm_liliprop.kernels import reference, triton_dels, triton_topk, triton_walks
+
+
+def _cases(num_slots: int, k: int, vocab_size: int, dim: int, device: torch.device):
+    """(name, make_inputs(batch, generator) -> args, triton_fn, torch_fn, exact outputs mask)."""
+
+    def randn(generator, *shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    def topk_inputs(batch, g):
+        return randn(g, batch * num_slots, vocab_size, dtype=torch.bfloat16), k
+
+    def lattice(batch, g):
+        return randn(g, batch, k), randn(g, batch, num_slots - 1, k, k)
+
+    def vectors(batch, g):
+        out_vec = torch.nn.functional.normalize(randn(g, batch, num_slots, k, dim), dim=-1)
+        in_vec = torch.nn.functional.normalize(randn(g, batch, num_slots, k, dim), dim=-1)
+        return randn(g, batch, k), out_vec.bfloat16(), in_vec.bfloat16(), 8.0
+
+    def dels(batch, g):
+        rows = batch * num_slots
+        log_prior = torch.log_softmax(randn(g, vocab_size), dim=0)
+        alpha = torch.rand(rows, generator=g).to(device)
+        return randn(g, rows, vocab_size), randn(g, rows, vocab_size), log_prior, alpha, 0.3
+
+    def dels_candidates(batch, g):
+        ids = torch.randint(0, vocab_size, (batch * num_slots, k), generator=g).to(device)
+        return (*dels(batch, g), ids)
+
+    return [
+        ("topk_candidates", topk_inputs, triton_topk.topk_candidates, torch_topk_candidates),
+        ("greedy_walk", lattice, triton_walks.greedy_walk, walks.greedy_walk),
+        ("greedy_walk_from_vectors", vectors, triton_walks.greedy_walk_from_vectors,
+         reference.greedy_walk_from_vectors),
+        ("viterbi_walk", lattice, triton_walks.viterbi_walk, walks.viterbi_walk),
+        ("dels_argmax", dels, triton_dels.dels_argmax, reference.dels_argmax),
+        ("dels_fuse_at_candidates", dels_candidates, triton_dels.dels_fuse_at_candidates,
+         reference.dels_fuse_at_candidates),
+    ]
+
+
+def _as_tuple(output) -> tuple:
+    return output if isinstance(output, tuple) else (output,)
+
+
+def _compare(got, expected) -> str | None:
+    """None if equal (integers exactly, floats to 2e-5), else a description."""
+    for index, (a, b) in enumerate(zip(_as_tuple(got), _as_tuple(expected))):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {index}: {a.dtype}{tuple(a.shape)} vs reference {b.dtype}{tuple(b.shape)}"
+        if a.is_floating_point():
+            if not torch.allclose(a.float(), b.float(), rtol=0, atol=2e-5, equal_nan=True):
+                return f"output {index}: max abs diff {(a.float() - b.float()).abs().max().item():.3g}"
+        elif not torch.equal(a, b):
+            mismatched = (a != b).reshape(a.shape[0], -1).any(dim=1).sum().item()
+            return f"output {index}: {mismatched} of {a.shape[0]} rows differ"
+    return None
+
+
+def _graph_replay(fn: Callable, args: tuple, fresh_args: tuple):
+    """Capture fn(*args) in a CUDA graph, copy fresh_args into the captured tensors, replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*args)  # warm-up on a side stream compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn(*args)
+    for captured, fresh in zip(args, fresh_args):
+        if isinstance(captured, torch.Tensor):
+            captured.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    return output
+
+
+def run(args) -> bool:
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    failures = 0
+    for name, make_inputs, triton_fn, torch_fn in _cases(args.slots, args.k, args.vocab, args.dim, device):
+        for batch in args.batches:
+            generator = torch.Generator().manual_seed(batch)
+            inputs = make_inputs(batch, generator)
+            expected = torch_fn(*inputs)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = triton_fn(*inputs)
+                problem = _compare(got, expected)
+            except Exception as error:  # a sync under debug mode, a launch failure
+                problem = f"{type(error).__name__}: {error}"
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            if problem is None and cuda:
+                fresh = make_inputs(batch, generator)
+                try:
+                    problem = _compare(_graph_replay(triton_fn, inputs, fresh), torch_fn(*fresh))
+                    problem = problem and f"CUDA graph replay: {problem}"
+                except Exception as error:
+                    problem = f"CUDA graph capture: {type(error).__name__}: {error}"
+            failures += problem is not None
+            print(f"{'FAIL' if problem else 'ok  '} {name:26s} batch {batch:3d}  {problem or ''}", flush=True)
+    print(f"{failures} failures" if failures else "all checks passed")
+    return failures == 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes (what the CPU test runs)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    args.batches = [1, 3] if args.quick else [1, 8, 32, 64]
+    args.slots, args.k = 15, 8
+    args.vocab = 1000 if args.quick else 151_936
+    args.dim = 64 if args.quick else 1024
+    return 0 if run(args) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""DeLS-Spec fusion kernels: fused = long + alpha * log_softmax(short) - beta * log_prior.
+
+The formula is vllm_liliprop.heads.dels.dels_fuse's, with [N, V] rows and alpha/beta given per
+row (a number, a 0-dim tensor, or [N]). Two consumers never need the [N, V] fused tensor:
+
+dels_argmax: the fused argmax of each row, in one read of long and short. log_softmax(short)
+  differs from short by logsumexp(short), a constant of the row, so the argmax is taken over
+  long + alpha * short - beta * log_prior and no V-wide normalizer is computed (the same
+  shortcut dels_rules.py takes). Same split-vocabulary layout as the top-K kernel: stage 1,
+  grid (N, splits), keeps the best selection key of its slice; stage 2 reduces the splits.
+  The ids equal dels_fuse(...).argmax(-1) except where two fused values are within rounding
+  of each other (the two forms round differently).
+dels_fuse_at_candidates: the fused scores at K given token ids per row. The log-softmax needs
+  logsumexp(short) over the whole row: stage 1 computes split partials (max, sum-exp) of
+  short, stage 2 merges them and gathers long, short and log_prior at the K ids.
+
+Numerics: fp32 throughout (inputs of any float dtype are upcast in the kernel; fp64 inputs are
+computed in fp32, unlike the reference, which keeps fp64). Ties go to the lowest token id.
+NaN follows torch.argmax: a NaN fused value ranks above every number, lowest id first. The
+reference turns a NaN in `short` into a NaN row (its log-softmax) whose argmax is id 0, while
+dels_argmax picks the NaN's own id; short logits are required to be finite by dels_fuse.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_liliprop.kernels.checks import check_dim, check_same_device, check_tensor, row_coefficient
+from vllm_liliprop.kernels.triton_keys import KEY_NONE, MAX, SUM, key_index, selection_key
+
+DEFAULT_BLOCK_V = 4096
+
+
+@triton.jit
+def _dels_argmax_partial_kernel(
+    long_ptr,
+    long_row_stride,
+    short_ptr,
+    short_row_stride,
+    prior_ptr,
+    alpha,
+    alpha_stride,
+    beta,
+    beta_stride,
+    vocab_size,
+    blocks_per_split,
+    part_keys_ptr,  # [N, splits] int64
+    BLOCK_V: tl.constexpr,
+    ALPHA_IS_TENSOR: tl.constexpr,
+    BETA_IS_TENSOR: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    a = alpha
+    if ALPHA_IS_TENSOR:
+        a = tl.load(alpha + row * alpha_stride).to(tl.float32)
+    b = beta
+    if BETA_IS_TENSOR:
+        b = tl.load(beta + row * beta_stride).to(tl.float32)
+    lane = tl.arange(0, BLOCK_V)
+    best = tl.full([], KEY_NONE, tl.int64)
+    first_col = split * blocks_per_split * BLOCK_V
+    for block in range(blocks_per_split):
+        cols = first_col + block * BLOCK_V + lane
+        in_vocab = cols < vocab_size
+        long = tl.load(long_ptr + row * long_row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+        short = tl.load(short_ptr + row * short_row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+        prior = tl.load(prior_ptr + cols, mask=in_vocab, other=0.0).to(tl.float32)
+        fused = long + a * short - b * prior
+        keys = tl.where(in_vocab, selection_key(fused, cols), KEY_NONE)
+        best = tl.maximum(best, tl.reduce(keys, 0, MAX))
+    tl.store(part_keys_ptr + row * tl.num_programs(1) + split, best)
+
+
+@triton.jit
+def _dels_argmax_merge_kernel(
+    part_keys_ptr,
+    ids_ptr,  # [N] int64
+    num_splits,
+    BLOCK_SPLITS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.arange(0, BLOCK_SPLITS)
+    keys = tl.load(part_keys_ptr + row * num_splits + split, mask=split < num_splits, other=KEY_NONE)
+    tl.store(ids_ptr + row, key_index(tl.reduce(keys, 0, MAX)))
+
+
+@triton.jit
+def _logsumexp_partial_kernel(
+    x_ptr,
+    x_row_stride,
+    vocab_size,
+    blocks_per_split,
+    part_max_ptr,  # [N, splits] fp32
+    part_sumexp_ptr,  # [N, splits] fp32
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    lane = tl.arange(0, BLOCK_V)
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sumexp = tl.zeros([], tl.float32)
+    first_col = split * blocks_per_split * BLOCK_V
+    for block in range(blocks_per_split):
+        cols = first_col + block * BLOCK_V + lane
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < vocab_size, other=float("-inf"))
+        x = x.to(tl.float32)
+        new_max = tl.maximum(run_max, tl.reduce(x, 0, MAX))
+        # An infinite max shifts by 0 so exp() never sees inf - inf (see triton_topk.py).
+        shift = tl.where(tl.abs(new_max) == float("inf"), 0.0, new_max)
+        run_sumexp = run_sumexp * tl.exp(run_max - shift) + tl.reduce(tl.exp(x - shift), 0, SUM)
+        run_max = new_max
+    part = row * tl.num_programs(1) + split
+    tl.store(part_max_ptr + part, run_max)
+    tl.store(part_sumexp_ptr + part, run_sumexp)
+
+
+@triton.jit
+def _dels_at_candidates_kernel(
+    long_ptr,
+    long_row_stride,
+    short_ptr,
+    short_row_stride,
+    prior_ptr,
+    alpha,
+    alpha_stride,
+    beta,
+    beta_stride,
+    ids_ptr,
+    ids_row_stride,
+    ids_col_stride,
+    part_max_ptr,
+    part_sumexp_ptr,
+    scores_ptr,  # [N, K] fp32
+    num_splits,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    ALPHA_IS_TENSOR: tl.constexpr,
+    BETA_IS_TENSOR: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.arange(0, BLOCK_SPLITS)
+    has_split = split < num_splits
+    part_max = tl.load(part_max_ptr + row * num_splits + split, mask=has_split, other=float("-inf"))
+    part_sumexp = tl.load(part_sumexp_ptr + row * num_splits + split, mask=has_split, other=0.0)
+    row_max = tl.reduce(part_max, 0, MAX)
+    shift = tl.where(tl.abs(row_max) == float("inf"), 0.0, row_max)
+    short_log_norm = row_max + tl.log(tl.reduce(part_sumexp * tl.exp(part_max - shift), 0, SUM))
+
+    a = alpha
+    if ALPHA_IS_TENSOR:
+        a = tl.load(alpha + row * alpha_stride).to(tl.float32)
+    b = beta
+    if BETA_IS_TENSOR:
+        b = tl.load(beta + row * beta_stride).to(tl.float32)
+    lane = tl.arange(0, BLOCK_K)
+    is_candidate = lane < K
+    ids = tl.load(ids_ptr + row * ids_row_stride + lane * ids_col_stride, mask=is_candidate, other=0)
+    long = tl.load(long_ptr + row * long_row_stride + ids, mask=is_candidate, other=0.0).to(tl.float32)
+    short = tl.load(short_ptr + row * short_row_stride + ids, mask=is_candidate, other=0.0).to(tl.float32)
+    prior = tl.load(prior_ptr + ids, mask=is_candidate, other=0.0).to(tl.float32)
+    fused = long + a * (short - short_log_norm) - b * prior
+    tl.store(scores_ptr + row * K + lane, fused, mask=is_candidate)
+
+
+def _check_fusion_inputs(long_logits, short_logits, log_prior):
+    check_tensor("long_logits", long_logits, 2)
+    check_tensor("short_logits", short_logits, 2)
+    check_tensor("log_prior", log_prior, 1)
+    check_same_device(long_logits=long_logits, short_logits=short_logits, log_prior=log_prior)
+    if short_logits.shape != long_logits.shape:
+        raise ValueError(
+            f"short_logits must have long_logits' shape {tuple(long_logits.shape)} (one short row "
+            f"per long row), got {tuple(short_logits.shape)}"
+        )
+    check_dim("log_prior", log_prior, 0, long_logits.shape[1], "the vocabulary size V")
+    return long_logits.shape
+
+
+def _unit_stride_rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _split_vocabulary(num_rows, vocab_size, block_v, num_splits, device) -> tuple[int, int]:
+    """-> (num_splits, blocks_per_split), about two programs per SM by default."""
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")
+    num_blocks = triton.cdiv(vocab_size, block_v)
+    if num_splits is None:
+        sm_count = 1
+        if device.type == "cuda":
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        num_splits = triton.cdiv(2 * sm_count, num_rows)
+    num_splits = max(1, min(num_splits, num_blocks))
+    blocks_per_split = triton.cdiv(num_blocks, num_splits)
+    return triton.cdiv(num_blocks, blocks_per_split), blocks_per_split
+
+
+def dels_argmax(
+    long_logits: torch.Tensor,
+    short_logits: torch.Tensor,
+    log_prior: torch.Tensor,
+    alpha,
+    beta,
+    *,
+    block_v: int = DEFAULT_BLOCK_V,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """argmax over V of long + alpha * log_softmax(short) - beta * log_prior.
+
+    long_logits, short_logits [N, V] (any float dtype), log_prior [V], alpha/beta a number,
+    a 0-dim tensor or [N]. Returns ids [N] int64 (lowest id on ties).
+    """
+    num_rows, vocab_size = _check_fusion_inputs(long_logits, short_logits, log_prior)
+    device = long_logits.device
+    alpha_arg, alpha_is_tensor, alpha_stride = row_coefficient("alpha", alpha, num_rows, device)
+    beta_arg, beta_is_tensor, beta_stride = row_coefficient("beta", beta, num_rows, device)
+    ids = torch.empty(num_rows, dtype=torch.int64, device=device)
+    if num_rows == 0:
+        return ids
+    long_logits, short_logits = _unit_stride_rows(long_logits), _unit_stride_rows(short_logits)
+    log_prior = _unit_stride_rows(log_prior)
+    num_splits, blocks_per_split = _split_vocabulary(num_rows, vocab_size, block_v, num_splits, device)
+    part_keys = torch.empty(num_rows, num_splits, dtype=torch.int64, device=device)
+    _dels_argmax_partial_kernel[(num_rows, num_splits)](
+        long_logits,
+        long_logits.stride(0),
+        short_logits,
+        short_logits.stride(0),
+        log_prior,
+        alpha_arg,
+        alpha_stride,
+        beta_arg,
+        beta_stride,
+        vocab_size,
+        blocks_per_split,
+        part_keys,
+        BLOCK_V=block_v,
+        ALPHA_IS_TENSOR=alpha_is_tensor,
+        BETA_IS_TENSOR=beta_is_tensor,
+        num_warps=8 if block_v >= 2048 else 4,
+    )
+    _dels_argmax_merge_kernel[(num_rows,)](
+        part_keys, ids, num_splits, BLOCK_SPLITS=triton.next_power_of_2(num_splits), num_warps=1
+    )
+    return ids
+
+
+def dels_fuse_at_candidates(
+    long_logits: torch.Tensor,
+    short_logits: torch.Tensor,
+    log_prior: torch.Tensor,
+    alpha,
+    beta,
+    candidate_ids: torch.Tensor,
+    *,
+    block_v: int = DEFAULT_BLOCK_V,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """dels_fuse(long, short, log_prior, alpha, beta).gather(1, candidate_ids), without the
+    [N, V] intermediate.
+
+    long_logits, short_logits [N, V], log_prior [V], alpha/beta a number, a 0-dim tensor or
+    [N], candidate_ids [N, K] int32/int64 in [0, V) (not range checked: that would read the
+    device). Returns fp32 [N, K].
+    """
+    num_rows, vocab_size = _check_fusion_inputs(long_logits, short_logits, log_prior)
+    device = long_logits.device
+    check_tensor("candidate_ids", candidate_ids, 2, floating=False)
+    if candidate_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"candidate_ids must be int32 or int64 token ids, got {candidate_ids.dtype}")
+    check_same_device(long_logits=long_logits, candidate_ids=candidate_ids)
+    check_dim("candidate_ids", candidate_ids, 0, num_rows, "long_logits.shape[0] (N)")
+    k = candidate_ids.shape[1]
+    if k < 1:
+        raise ValueError(
+            f"candidate_ids must hold at least one id per row, got shape {tuple(candidate_ids.shape)}"
+        )
+    alpha_arg, alpha_is_tensor, alpha_stride = row_coefficient("alpha", alpha, num_rows, device)
+    beta_arg, beta_is_tensor, beta_stride = row_coefficient("beta", beta, num_rows, device)
+    scores = torch.empty(num_rows, k, dtype=torch.float32, device=device)
+    if num_rows == 0:
+        return scores
+    long_logits, short_logits = _unit_stride_rows(long_logits), _unit_stride_rows(short_logits)
+    log_prior = _unit_stride_rows(log_prior)
+    num_splits, blocks_per_split = _split_vocabulary(num_rows, vocab_size, block_v, num_splits, device)
+    part_max = torch.empty(num_rows, num_splits, dtype=torch.float32, device=device)
+    part_sumexp = torch.empty_like(part_max)
+    _logsumexp_partial_kernel[(num_rows, num_splits)](
+        short_logits,
+        short_logits.stride(0),
+        vocab_size,
+        blocks_per_split,
+        part_max,
+        part_sumexp,
+        BLOCK_V=block_v,
+        num_warps=8 if block_v >= 2048 else 4,
+    )
+    _dels_at_candidates_kernel[(num_rows,)](
+        long_logits,
+        long_logits.stride(0),
+        short_logits,
+        short_logits.stride(0),
+        log_prior,
+        alpha_arg,
+        alpha_stride,
+        beta_arg,
+        beta_stride,
+        candidate_ids,
+        *candidate_ids.stride(),
+        part_max,
+        part_sumexp,
+        scores,
+        num_splits,
+        K=k,
+        BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+        ALPHA_IS_TENSOR=alpha_is_tensor,
+        BETA_IS_TENSOR=beta_is_tensor,
+        num_warps=1,
+    )
+    return scores
