@@ -78,3 +78,64 @@ print("RESULT=" + json.dumps({"ids": [list(o.outputs[0].token_ids) for o in out]
     result = run_in_subprocess(code, env)
     assert result["ids"] == plain32(stock)
     assert result["counters"] == simulate_repeat_anchor(stock["plain"]["ids"], 7)
+
+
+def test_version_check_names_the_supported_version():
+    from vllm_liliprop.vllm.plugin import UnsupportedVllmVersion, check_vllm_version
+
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.3+cpu")
+    with pytest.raises(UnsupportedVllmVersion, match="supports vLLM 0.32.x, found 0.33.1"):
+        check_vllm_version("0.33.1")
+
+
+def test_register_is_idempotent_and_patches_once():
+    from vllm.config import VllmConfig
+    from vllm.v1.worker import gpu_model_runner
+
+    from vllm_liliprop.vllm import patching, plugin
+    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
+    plugin.register()
+    wrapped = VllmConfig._get_v2_model_runner_unsupported_features
+    patching.apply_patches()
+    plugin.register()
+    assert gpu_model_runner.DFlashProposer is LiliPropProposer
+    assert VllmConfig._get_v2_model_runner_unsupported_features is wrapped
+    original = getattr(wrapped, "__liliprop_original__")
+    assert getattr(original, "__liliprop_original__", None) is None
+
+
+def _broken_draft(tiny_models, name, edit):
+    import shutil
+    from pathlib import Path
+
+    draft = Path(tiny_models["root"]) / name
+    if not draft.exists():
+        shutil.copytree(tiny_models["draft"], draft)
+    config = json.loads((draft / "config.json").read_text())
+    edit(config)
+    (draft / "config.json").write_text(json.dumps(config))
+    return draft
+
+
+@pytest.mark.parametrize(
+    "name, edit, message",
+    [
+        ("bad-walk", lambda c: c["dflash_config"].update(liliprop={"walk": "zigzag"}),
+         "dflash_config.liliprop.walk = 'zigzag' is not valid"),
+        ("bad-rule", lambda c: c["dflash_config"].update(liliprop={"rule": "bogus"}),
+         "dflash_config.liliprop.rule = 'bogus'"),
+        ("lilicorr-missing-fields", lambda c: c.update(architectures=["LiLiCorrDraftModel"]),
+         "lilicorr_"),
+    ],
+)
+def test_broken_draft_config_fails_at_load_naming_the_field(tiny_models, name, edit, message):
+    draft = _broken_draft(tiny_models, name, edit)
+    with pytest.raises(Exception) as error:
+        generate(tiny_models["target"], draft)
+    chain, exc = [], error.value
+    while exc is not None:
+        chain.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    assert any(message in text for text in chain), chain

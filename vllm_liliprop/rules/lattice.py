@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.walks import greedy_walk, sampled_walk, viterbi_walk
+from vllm_liliprop.walks import sampled_walk
 
 # vLLM treats temperatures below this as greedy.
 GREEDY_TEMPERATURE = 1e-5
