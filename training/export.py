@@ -1,0 +1,171 @@
+"""Write trained drafts in the formats vLLM 0.32 loads.
+
+DFlash draft directory (`DFlashDraftModel`, served by vLLM's DFlash proposer):
+  config.json        Qwen3 config, architectures ["DFlashDraftModel"], dflash_config with
+                     mask_token_id, target_layer_ids, block_size;
+  model.safetensors  the drafter's weights under vLLM's names (fc, hidden_norm, norm,
+                     layers.i.*); embed_tokens and lm_head omitted (shared from the target).
+
+LiLiCorr draft directory (upstream `LiLiCorrDraftModel`):
+  the same backbone, architectures ["LiLiCorrDraftModel"], dflash_config extended with the
+  lilicorr_* fields (LatticeConfig.to_dflash_config), head weights under `lilicorr.`.
+
+DeLS short head: a `dels/` folder (vllm_liliprop.heads.dels_io format) inside a draft dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from training.drafter import DFlashDrafter, DrafterConfig
+from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head
+from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+
+__all__ = [
+    "export_dflash",
+    "export_lilicorr",
+    "export_dels",
+    "load_dflash",
+    "load_lilicorr",
+    "export_checkpoint",
+]
+
+WEIGHTS_NAME = "model.safetensors"
+LILICORR_PREFIX = "lilicorr."
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _write(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Path:
+    from safetensors.torch import save_file
+
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES.values())}, got {dtype}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {**config, "torch_dtype": _DTYPE_NAMES[dtype], "dtype": _DTYPE_NAMES[dtype]}
+    weights = {name: t.detach().to("cpu", dtype).contiguous() for name, t in tensors.items()}
+    save_file(weights, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def export_dflash(out_dir: str | Path, drafter: DFlashDrafter, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A `DFlashDraftModel` directory vLLM's DFlash proposer loads."""
+    return _write(Path(out_dir), drafter.config.to_hf_dict(), drafter.state_dict(), dtype)
+
+
+def export_lilicorr(
+    out_dir: str | Path,
+    drafter: DFlashDrafter,
+    lattice: LatticeHead,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """An upstream-format `LiLiCorrDraftModel` directory (backbone + `lilicorr.` head)."""
+    cfg, lat = drafter.config, lattice.config
+    if lat.block_size != cfg.block_size or lat.model_hidden_size != cfg.hidden_size:
+        raise ValueError(
+            f"lattice (block_size {lat.block_size}, model_hidden_size {lat.model_hidden_size}) does not "
+            f"match the drafter (block_size {cfg.block_size}, hidden_size {cfg.hidden_size})"
+        )
+    config = cfg.to_hf_dict(architectures=["LiLiCorrDraftModel"])
+    config["dflash_config"] = {**config["dflash_config"], **lat.to_dflash_config()}
+    tensors = dict(drafter.state_dict())
+    tensors.update({LILICORR_PREFIX + name: t for name, t in lattice.state_dict().items()})
+    return _write(Path(out_dir), config, tensors, dtype)
+
+
+def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) -> Path:
+    """A DeLS head folder (config.json + model.safetensors incl. the unigram prior)."""
+    return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
+
+
+def _read(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"{model_dir} has no config.json; pass a draft model directory")
+    config = json.loads(config_path.read_text())
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return config, tensors
+
+
+def load_dflash(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    """Load a DFlash (or the backbone of a LiLiCorr) draft directory for further training."""
+    config, tensors = _read(Path(model_dir))
+    drafter = DFlashDrafter(DrafterConfig.from_hf_dict(config))
+    backbone = {k.removeprefix("model."): v for k, v in tensors.items()
+                if not k.startswith(LILICORR_PREFIX) and "embed_tokens" not in k and "lm_head" not in k}
+    drafter.load_state_dict(backbone, strict=True)
+    return drafter.to(dtype)
+
+
+def load_lilicorr(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, LatticeHead]:
+    """Load an upstream-format LiLiCorr draft directory (backbone and head)."""
+    model_dir = Path(model_dir)
+    config, tensors = _read(model_dir)
+    drafter = load_dflash(model_dir, dtype)
+    dcfg = drafter.config
+    lattice = LatticeHead(LatticeConfig.from_dflash_config(
+        config["dflash_config"], dcfg.hidden_size, dcfg.block_size, dcfg.rms_norm_eps
+    ))
+    head = {k[len(LILICORR_PREFIX):]: v for k, v in tensors.items() if k.startswith(LILICORR_PREFIX)}
+    lattice.load_state_dict(head, strict=True)
+    return drafter, lattice.to(dtype)
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Export a training checkpoint (written by training.train_*) as a servable directory.
+
+    The kind is read from the checkpoint: "dflash" -> DFlash dir, "lilicorr" -> LiLiCorr dir,
+    "dels" -> DeLS head folder.
+    """
+    path = Path(checkpoint)
+    file = path / "state.pt" if path.is_dir() else path
+    if not file.exists():
+        raise ValueError(f"no checkpoint at {file}")
+    state = torch.load(file, map_location="cpu", weights_only=False)
+    kind = state.get("kind")
+    modules = state["modules"]
+    if kind == "dels":
+        from training.train_dels import rebuild_dels_head
+
+        head, prior, fields = rebuild_dels_head(state)
+        return export_dels(out_dir, head, prior, **fields)
+    if kind not in ("dflash", "lilicorr"):
+        raise ValueError(f"{file} has kind {kind!r}; it was not written by a training.train_* command")
+    drafter = DFlashDrafter(DrafterConfig.from_dict(state["drafter_config"]))
+    drafter.load_state_dict(modules["drafter"])
+    if kind == "lilicorr":
+        lattice = LatticeHead(LatticeConfig(**state["lattice_config"]))
+        lattice.load_state_dict(modules["head"])
+        return export_lilicorr(out_dir, drafter, lattice, dtype)
+    return export_dflash(out_dir, drafter, dtype)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.export",
+        description="Export a training checkpoint (state.pt) as a vLLM-loadable draft directory "
+                    "(DFlashDraftModel, LiLiCorrDraftModel, or a DeLS head folder).",
+    )
+    parser.add_argument("--checkpoint", required=True, help="checkpoint dir (.../checkpoints/step_N) or its state.pt")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    args = parser.parse_args(argv)
+    out = export_checkpoint(args.checkpoint, args.out, getattr(torch, args.dtype))
+    print(f"exported {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""One training forward: drafter (+ optional LiLiCorr head) on a batch of sequences -> losses.
+
+Inputs per batch (B sequences of padded length T):
+  input_ids [B, T] int64, loss_mask [B, T] bool (assistant tokens; False on padding),
+  target_taps [B, T, H * n_taps]: target hidden states at the drafter's target_layer_ids,
+  target_final_hidden [B, T, H] (optional): the target's final normed hidden state, from which
+      the frozen LM head gives the teacher-forced target distribution (distractor penalty),
+  seeds: one int per sequence (anchor sampling, see blocks.py).
+
+The LiLiCorr head is fed exactly what the vLLM speculator feeds it at serving time:
+  token_embeddings    target input embeddings of the top-K candidate ids,
+  candidate_log_probs the drafter's full-vocabulary log-probs of the candidates (rank-sorted),
+  pass_hidden         the drafter's final-normed hidden state of each slot,
+  anchor_hidden       hidden_norm(fc(taps)) at the position before the anchor, i.e. the
+                      context state of the last verified token,
+  anchor_valid        True (every training anchor has context).
+Candidate ids are chosen without gradient; gradients reach the drafter through the candidate
+log-probs, the slot hidden states and the anchor state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.blocks import build_blocks, sample_anchors
+from training.drafter import DFlashDrafter
+from training.losses import LossWeights, combine_terms, total_loss
+from vllm_liliprop.heads.candidates import topk_candidates
+from vllm_liliprop.heads.lattice import LatticeHead
+from vllm_liliprop.walks import greedy_walk
+
+__all__ = ["DraftObjective", "accepted_prefix_length"]
+
+
+def accepted_prefix_length(draft_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[M, S] proposed ids vs [M, S] ground truth (-1 = none) -> [M] length of the leading
+    run of matches: the number of drafted tokens a greedy verifier would accept."""
+    hits = (draft_ids == targets) & (targets >= 0)
+    return hits.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+
+
+class DraftObjective(nn.Module):
+    """Drafter (+ LiLiCorr head) with the frozen target embedding table and LM head.
+
+    The frozen target weights are non-persistent buffers: they never enter the optimizer,
+    checkpoints or exports (vLLM shares them from the target at load time).
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        embed_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        *,
+        lattice: LatticeHead | None = None,
+        weights: LossWeights = LossWeights(),
+        num_anchors: int = 512,
+    ) -> None:
+        super().__init__()
+        cfg = drafter.config
+        if tuple(embed_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"embed_weight has shape {tuple(embed_weight.shape)}, expected "
+                f"[vocab_size, hidden_size] = {(cfg.vocab_size, cfg.hidden_size)}"
+            )
+        if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, expected "
+                f"{(cfg.vocab_size, cfg.hidden_size)}"
+            )
+        if lattice is not None:
+            lat = lattice.config
+            if lat.block_size != cfg.block_size or lat.model_hidden_size != cfg.hidden_size:
+                raise ValueError(
+                    f"lattice config (block_size {lat.block_size}, model_hidden_size "
+                    f"{lat.model_hidden_size}) must match the drafter (block_size {cfg.block_size}, "
+                    f"hidden_size {cfg.hidden_size})"
+                )
+        self.drafter = drafter
+        self.lattice = lattice
+        self.weights = weights
+        self.num_anchors = num_anchors
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
+
+    def target_log_probs(self, final_hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """log softmax(lm_head(final_hidden)) at `ids`: [..., H], [..., K] -> [..., K] fp32."""
+        logits = F.linear(final_hidden.float(), self.lm_head_weight.float())
+        return logits.log_softmax(dim=-1).gather(-1, ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        target_taps: torch.Tensor,
+        seeds: Sequence[int],
+        target_final_hidden: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        cfg = self.drafter.config
+        anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
+        block_ids, targets, slot_mask = build_blocks(
+            input_ids, loss_mask, anchors, valid, cfg.block_size, cfg.mask_token_id
+        )
+        context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
+        hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
+        slot_hidden = hidden[:, :, 1:][valid]  # [M, S, H]
+        targets, slot_mask = targets[valid], slot_mask[valid]
+        draft_logits = F.linear(slot_hidden, self.lm_head_weight)  # [M, S, V]
+
+        lattice_inputs = {}
+        metrics = {}
+        if self.lattice is not None:
+            blocks, slots = targets.shape
+            k = self.lattice.config.candidate_topk
+            with torch.no_grad():
+                candidate_ids, _ = topk_candidates(draft_logits.detach().flatten(0, 1), k)
+            candidate_ids = candidate_ids.view(blocks, slots, k)
+            candidate_log_probs = draft_logits.float().log_softmax(dim=-1).gather(-1, candidate_ids)
+            before_anchor = (anchors - 1).unsqueeze(-1).expand(-1, -1, context.shape[-1])
+            anchor_hidden = context.gather(1, before_anchor)[valid]  # [M, H]
+            start, pairs = self.lattice.score(
+                F.embedding(candidate_ids, self.embed_weight),
+                candidate_log_probs,
+                slot_hidden,
+                anchor_hidden,
+                torch.ones(blocks, dtype=torch.bool, device=anchor_hidden.device),
+            )
+            target_logq = None
+            if self.weights.distractor > 0:
+                if target_final_hidden is None:
+                    raise ValueError(
+                        "target_final_hidden is required for the distractor penalty "
+                        "(weights.distractor > 0); compute features with final_hidden=True"
+                    )
+                # Slot s of anchor a is the token at a+1+s, predicted by the target at a+s.
+                positions = (anchors.unsqueeze(-1) + torch.arange(slots, device=anchors.device))
+                positions = positions.clamp(max=input_ids.shape[1] - 1)[valid]  # [M, S]
+                rows = torch.arange(input_ids.shape[0], device=anchors.device)
+                batch_of_block = rows.unsqueeze(-1).expand_as(anchors)[valid]
+                with torch.no_grad():
+                    target_logq = self.target_log_probs(
+                        target_final_hidden[batch_of_block.unsqueeze(-1), positions], candidate_ids
+                    )
+            lattice_inputs = dict(
+                candidate_ids=candidate_ids, start=start, pairs=pairs, target_logq=target_logq
+            )
+            with torch.no_grad():
+                walk = candidate_ids.gather(-1, greedy_walk(start.detach(), pairs.detach()).unsqueeze(-1))
+                metrics["accept_walk"] = accepted_prefix_length(walk.squeeze(-1), targets).float().mean()
+
+        terms = total_loss(
+            draft_logits=draft_logits,
+            targets=targets,
+            slot_mask=slot_mask,
+            weights=self.weights,
+            **lattice_inputs,
+        )
+        with torch.no_grad():
+            argmax_draft = draft_logits.detach().argmax(dim=-1)
+            metrics["accept_argmax"] = accepted_prefix_length(argmax_draft, targets).float().mean()
+            supervised = slot_mask.sum().clamp(min=1)
+            metrics["slot_accuracy"] = ((argmax_draft == targets) & slot_mask).sum() / supervised
+            metrics["blocks"] = torch.tensor(float(targets.shape[0]), device=targets.device)
+        terms.update(metrics)
+        return terms
+
+    def loss_for_ranks(self, terms: dict[str, torch.Tensor], mean_over_ranks) -> torch.Tensor:
+        """The loss rescaled for data parallelism: each term's local mean times
+        (local denominator / mean denominator over ranks). Averaging the ranks' gradients then
+        yields the gradient of the slot-mean over the global batch, exactly as one process
+        holding the whole batch would compute it."""
+        tiny = torch.finfo(torch.float32).tiny
+        dflash_scale = terms["dflash_weight"] / mean_over_ranks(terms["dflash_weight"]).clamp(min=tiny)
+        reranker_scale = 1.0
+        if "oracle_slots" in terms:
+            reranker_scale = terms["oracle_slots"] / mean_over_ranks(terms["oracle_slots"]).clamp(min=tiny)
+        return combine_terms(terms, self.weights, dflash_scale, reranker_scale)

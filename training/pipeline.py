@@ -1,0 +1,188 @@
+"""Build and run a DFlash or joint LiLiCorr training from a recipe dict.
+
+Recipe fields (defaults in brackets):
+  method          "dflash" | "lilicorr"
+  target          target model (HF id or local dir); its tokenizer and chat template are used
+  target_dtype    ["bfloat16"] dtype the frozen target runs in
+  data            tokenized dataset .jsonl (`python -m training.data`)
+  features        {"mode": "online"} [default] or {"mode": "cached", "dir": ...}
+  device          ["auto"]: cuda:<local_rank> when available, else cpu
+  drafter         {"num_hidden_layers": 5, "block_size": 16, "mask_token_id": int,
+                   "target_layer_ids": null (evenly spaced), "intermediate_size": null,
+                   "init_from": null (a DFlash/LiLiCorr dir to start from)}
+  lattice         (lilicorr) {"candidate_topk": 8, "hidden_size": 1024, "num_layers": 2,
+                   "num_heads": 8, "mlp_ratio": 2.0, "factor_dim": 1024, "vector_eps": 1e-6,
+                   "logit_scale": 8.0, "init_from": null}
+  loss            LossWeights fields (Table 4 defaults)
+  num_anchors     [512] anchors per sequence
+  train           TrainConfig fields (output_dir required)
+  export_dtype    ["bfloat16"]
+The final model is exported to <output_dir>/final (DFlashDraftModel or LiLiCorrDraftModel).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.drafter import DFlashDrafter, DrafterConfig
+from training.losses import LossWeights
+from training.objective import DraftObjective
+from training.trainer import DistEnv, Trainer, TrainConfig, seeds_for
+from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+
+__all__ = ["resolve_device", "build_lattice", "build_drafter", "run_draft_training", "DEFAULT_LATTICE"]
+
+DEFAULT_LATTICE = {
+    "candidate_topk": 8,
+    "hidden_size": 1024,
+    "num_layers": 2,
+    "num_heads": 8,
+    "mlp_ratio": 2.0,
+    "factor_dim": 1024,
+    "vector_eps": 1e-6,
+    "logit_scale": 8.0,
+}
+
+
+def resolve_device(name: str, env: DistEnv) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{env.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(name)
+
+
+def build_drafter(spec: dict[str, Any], target_config) -> DFlashDrafter:
+    spec = dict(spec)
+    init_from = spec.pop("init_from", None)
+    if init_from:
+        from training.export import load_dflash
+
+        return load_dflash(init_from)
+    if "mask_token_id" not in spec:
+        raise ValueError("recipe drafter.mask_token_id is required (a token id the target never emits)")
+    known = {"num_hidden_layers", "block_size", "mask_token_id", "target_layer_ids", "intermediate_size"}
+    unknown = set(spec) - known
+    if unknown:
+        raise ValueError(f"unknown recipe drafter fields {sorted(unknown)}; known: {sorted(known)}")
+    return DFlashDrafter(DrafterConfig.from_target(target_config, **spec))
+
+
+def build_lattice(spec: dict[str, Any], drafter_config: DrafterConfig) -> LatticeHead:
+    spec = {**DEFAULT_LATTICE, **spec}
+    init_from = spec.pop("init_from", None)
+    if init_from:
+        from training.export import load_lilicorr
+
+        _, lattice = load_lilicorr(init_from)
+        return lattice
+    dflash = {f"lilicorr_{k}": v for k, v in spec.items()}
+    config = LatticeConfig.from_dflash_config(
+        dflash, drafter_config.hidden_size, drafter_config.block_size, drafter_config.rms_norm_eps
+    )
+    return LatticeHead(config)
+
+
+def _uses_autocast(precision: str, device: torch.device) -> bool:
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def _lattice_config_dict(config: LatticeConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def run_draft_training(
+    recipe: dict[str, Any],
+    *,
+    resume: str | bool | None = None,
+    target_model=None,
+    dataset=None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train per the recipe; returns {"history", "export_dir", "trainer"}.
+
+    `target_model` / `dataset` may be passed in directly (tests, notebooks); otherwise they
+    are loaded from recipe["target"] / recipe["data"].
+    """
+    from training.data import TokenizedDataset, collate
+    from training.export import export_dflash, export_lilicorr
+    from training.features import CachedFeatures, OnlineFeatures, frozen_target_weights
+
+    method = recipe.get("method")
+    if method not in ("dflash", "lilicorr"):
+        raise ValueError(f"recipe method must be 'dflash' or 'lilicorr', got {method!r}")
+    train_config = TrainConfig(**recipe["train"])
+    env = DistEnv.from_environment(recipe.get("device", "auto"))
+    device = resolve_device(recipe.get("device", "auto"), env)
+    torch.manual_seed(train_config.seed)
+
+    if target_model is None:
+        from transformers import AutoModelForCausalLM
+
+        target_model = AutoModelForCausalLM.from_pretrained(
+            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16"))
+        )
+    target_model = target_model.to(device).eval().requires_grad_(False)
+    if dataset is None:
+        dataset = TokenizedDataset.load(recipe["data"])
+
+    drafter = build_drafter(recipe.get("drafter", {}), target_model.config).to(device)
+    lattice = None
+    if method == "lilicorr":
+        lattice = build_lattice(recipe.get("lattice", {}), drafter.config).to(device)
+    weights = LossWeights(**recipe.get("loss", {}))
+    embed_weight, lm_head_weight = frozen_target_weights(target_model)
+    if not _uses_autocast(train_config.precision, device):
+        # fp32 training multiplies with fp32 weights; under bf16 autocast the target's own
+        # (bf16) tables are used as they are, saving two vocabulary-sized fp32 copies.
+        embed_weight, lm_head_weight = embed_weight.float(), lm_head_weight.float()
+    objective = DraftObjective(
+        drafter, embed_weight, lm_head_weight,
+        lattice=lattice, weights=weights, num_anchors=int(recipe.get("num_anchors", 512)),
+    )
+
+    need_final = lattice is not None and weights.distractor > 0
+    feature_spec = recipe.get("features", {"mode": "online"})
+    if feature_spec.get("mode", "online") == "online":
+        features = OnlineFeatures(target_model, drafter.config.target_layer_ids, final_hidden=need_final)
+    elif feature_spec["mode"] == "cached":
+        features = CachedFeatures(feature_spec["dir"], device)
+    else:
+        raise ValueError(f"features.mode must be 'online' or 'cached', got {feature_spec['mode']!r}")
+
+    def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
+        batch = collate([dataset[i] for i in indices], pad_id=0)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        feats = features(batch)
+        return {
+            "input_ids": batch["input_ids"],
+            "loss_mask": batch["loss_mask"],
+            "target_taps": feats["target_taps"],
+            "target_final_hidden": feats["target_final_hidden"] if need_final else None,
+            "seeds": seeds_for(indices, train_config.seed, epoch),
+        }
+
+    trainable = {"drafter": drafter}
+    extras: dict[str, Any] = {"kind": method, "drafter_config": drafter.config.to_dict()}
+    if lattice is not None:
+        trainable["head"] = lattice
+        extras["lattice_config"] = _lattice_config_dict(lattice.config)
+    trainer = Trainer(
+        objective, trainable, make_inputs, len(dataset), train_config,
+        device=device, dist_env=env, checkpoint_extras=extras, progress=progress,
+    )
+    if resume == "latest":
+        resume = True
+    history = trainer.fit(resume=resume)
+
+    export_dir = Path(train_config.output_dir) / "final"
+    if env.is_main:
+        dtype = getattr(torch, recipe.get("export_dtype", "bfloat16"))
+        if lattice is not None:
+            export_lilicorr(export_dir, drafter, lattice, dtype)
+        else:
+            export_dflash(export_dir, drafter, dtype)
+    return {"history": history, "export_dir": export_dir, "trainer": trainer}

@@ -1,0 +1,360 @@
+"""DeLS-Spec short head training, independent of the target's hidden states and of DFlash.
+
+    python -m training.train_dels --recipe dels_gru_qwen3_8b --set train.output_dir=runs/dels
+    python -m training.train_dels --recipe dels_fusion_qwen3_8b   # optional: learn alpha/beta
+
+Stage "head" (method "dels"): next-token CE of the short head on tokenized text.
+  gru     the head reads a block-local prefix, exactly as at serving time: for a random anchor a
+          it consumes x_a, x_{a+1}, ... from a zero state and predicts x_{a+1}, x_{a+2}, ...
+          (block_size - 1 predictions per anchor; pure_draft_prefix_len = 0);
+  markov  dense supervision: every loss-masked token from its predecessor.
+  The unigram prior counts the loss-masked tokens of the same data (additive smoothing,
+  1.0 by default). Exported as a DeLS folder (vllm_liliprop.heads.dels_io) at
+  <output_dir>/final.
+
+Stage "fusion" (method "dels_fusion", optional; DeLS Section "learnable alpha/beta"): the
+target, a trained DFlash drafter and the short head are frozen; only per-slot alpha[S] and
+beta[S] (initialized to 0.3) are trained with the CE of the fused logits
+    long + alpha_s * log_softmax(short) - beta_s * log_prior.
+The learned schedules are written into the DeLS folder's config (alpha, beta lists).
+
+Recipe fields: method, target (tokenizer + embedding table), data, device, head
+({"kind", "hidden_size", "rank", "rank_activation"}), prior_smoothing [1.0], block_size [16],
+num_anchors [256], train (TrainConfig; optim.lr/weight_decay need a "head" entry), and for
+fusion: drafter (DFlash dir), dels (DeLS folder), alpha/beta init [0.3].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from training.blocks import build_blocks, sample_anchors
+from training.recipe import add_recipe_arguments, recipe_from_args
+from training.trainer import DistEnv, Trainer, TrainConfig, seeds_for
+from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, dels_fuse
+
+__all__ = [
+    "ShortHeadObjective",
+    "FusionObjective",
+    "build_short_head",
+    "rebuild_dels_head",
+    "run_dels_training",
+    "run_fusion_training",
+    "load_target_embedding",
+]
+
+# Largest number of [rows, V] logits materialized at once; chunks are recomputed in backward.
+_ROWS_PER_CHUNK = 4096
+
+
+def _sum_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(logits.float().flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
+    return (ce * mask.flatten()).sum()
+
+
+class ShortHeadObjective(nn.Module):
+    """Next-token CE of a GRU or Markov short head (mean over supervised predictions)."""
+
+    def __init__(self, head: GRUShortHead | MarkovShortHead, block_size: int = 16, num_anchors: int = 256) -> None:
+        super().__init__()
+        if block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {block_size}")
+        self.head = head
+        self.block_size = block_size
+        self.num_anchors = num_anchors
+
+    def _chunked(self, inputs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, fn) -> torch.Tensor:
+        rows_per_item = max(1, inputs[0].numel())
+        step = max(1, _ROWS_PER_CHUNK // rows_per_item)
+        total = inputs.new_zeros((), dtype=torch.float32)
+        for i in range(0, inputs.shape[0], step):
+            piece = (inputs[i:i + step], labels[i:i + step], mask[i:i + step].float())
+            if torch.is_grad_enabled():
+                total = total + checkpoint(lambda x, y, m: _sum_ce(fn(x), y, m), *piece, use_reentrant=False)
+            else:
+                total = total + _sum_ce(fn(piece[0]), piece[1], piece[2])
+        return total
+
+    def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, seeds: Sequence[int]) -> dict[str, torch.Tensor]:
+        loss_mask = loss_mask.bool()
+        if isinstance(self.head, MarkovShortHead):
+            prev = input_ids[:, :-1]
+            labels = input_ids[:, 1:]
+            mask = loss_mask[:, 1:]
+            prev, labels = prev[mask], labels[mask]
+            ones = torch.ones_like(labels, dtype=torch.bool)
+            total = self._chunked(prev, labels, ones, self.head.pair_logits)
+            count = mask.sum()
+        else:
+            anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
+            _, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, self.block_size, 0)
+            # The head consumes the anchor and then the true tokens of the block.
+            positions = anchors.unsqueeze(-1) + torch.arange(self.block_size - 1, device=anchors.device)
+            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            window, targets, slot_mask = window[valid], targets[valid], slot_mask[valid]
+            total = self._chunked(window, targets, slot_mask, self.head)
+            count = slot_mask.sum()
+        loss = total / count.clamp(min=1)
+        return {"loss": loss, "ce": loss.detach(), "supervised": count.float()}
+
+    def loss_for_ranks(self, terms: dict[str, torch.Tensor], mean_over_ranks) -> torch.Tensor:
+        return terms["loss"] * terms["supervised"] / mean_over_ranks(terms["supervised"]).clamp(min=1)
+
+
+class FusionObjective(nn.Module):
+    """Learn per-slot alpha/beta with everything else frozen (DeLS, learnable variant)."""
+
+    def __init__(self, drafter, head, prior: UnigramPrior, embed_weight: torch.Tensor,
+                 lm_head_weight: torch.Tensor, num_anchors: int = 256, alpha: float = 0.3, beta: float = 0.3) -> None:
+        super().__init__()
+        slots = drafter.config.block_size - 1
+        self.drafter = drafter.requires_grad_(False)
+        self.head = head.requires_grad_(False)
+        self.alpha = nn.Parameter(torch.full((slots,), float(alpha)))
+        self.beta = nn.Parameter(torch.full((slots,), float(beta)))
+        self.num_anchors = num_anchors
+        self.register_buffer("log_prior", prior.log_probs.float(), persistent=False)
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
+
+    def forward(self, input_ids, loss_mask, target_taps, seeds, target_final_hidden=None) -> dict[str, torch.Tensor]:
+        cfg = self.drafter.config
+        anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
+        block_ids, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, cfg.block_size, cfg.mask_token_id)
+        with torch.no_grad():
+            context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
+            hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
+            long_logits = F.linear(hidden[:, :, 1:][valid], self.lm_head_weight).float()
+            positions = anchors.unsqueeze(-1) + torch.arange(cfg.block_size - 1, device=anchors.device)
+            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            short_logits = self.head(window[valid]).float()
+        targets, slot_mask = targets[valid], slot_mask[valid]
+        fused = dels_fuse(long_logits, short_logits, self.log_prior, self.alpha, self.beta)
+        total = _sum_ce(fused, targets, slot_mask.float())
+        count = slot_mask.sum()
+        loss = total / count.clamp(min=1)
+        with torch.no_grad():
+            long_ce = _sum_ce(long_logits, targets, slot_mask.float()) / count.clamp(min=1)
+        return {"loss": loss, "ce": loss.detach(), "long_only_ce": long_ce, "supervised": count.float(),
+                "alpha_mean": self.alpha.detach().mean(), "beta_mean": self.beta.detach().mean()}
+
+    def loss_for_ranks(self, terms, mean_over_ranks) -> torch.Tensor:
+        return terms["loss"] * terms["supervised"] / mean_over_ranks(terms["supervised"]).clamp(min=1)
+
+
+def build_short_head(spec: dict[str, Any], vocab_size: int, embed_weight: torch.Tensor | None):
+    spec = dict(spec)
+    kind = spec.pop("kind", "gru")
+    if kind == "markov":
+        unknown = set(spec) - {"rank"}
+        if unknown:
+            raise ValueError(f"unknown head fields {sorted(unknown)} for kind 'markov' (known: rank)")
+        return MarkovShortHead(vocab_size, int(spec.get("rank", 256)))
+    if kind != "gru":
+        raise ValueError(f"head.kind must be 'gru' or 'markov', got {kind!r}")
+    unknown = set(spec) - {"hidden_size", "rank", "rank_activation"}
+    if unknown:
+        raise ValueError(f"unknown head fields {sorted(unknown)} for kind 'gru' (known: hidden_size, rank, rank_activation)")
+    if embed_weight is None:
+        raise ValueError("a GRU head reads the target's embedding table; the recipe needs a target")
+    return GRUShortHead(embed_weight.float(), int(spec.get("hidden_size", 1024)), int(spec.get("rank", 256)),
+                        spec.get("rank_activation", "silu"))
+
+
+def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, Any]]:
+    """(head, prior, DelsConfig fields) from a "dels" training checkpoint, for export."""
+    info = state["dels"]
+    if info["kind"] == "markov":
+        head = MarkovShortHead(info["vocab_size"], info["rank"])
+    else:
+        # The embedding table is the target's and is not exported; a placeholder of the right
+        # shape stands in for it.
+        head = GRUShortHead(torch.zeros(info["vocab_size"], info["embed_dim"]), info["hidden_size"],
+                            info["rank"], info["rank_activation"])
+    head.load_state_dict(state["modules"]["head"])
+    prior = UnigramPrior(torch.tensor(info["prior_log_probs"]), info["prior_smoothing"])
+    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint")}
+
+
+def load_target_embedding(target: str) -> torch.Tensor:
+    """The target's input embedding table [V, D], read alone from its safetensors (no model)."""
+    from safetensors import safe_open
+
+    root = Path(target)
+    if not root.is_dir():
+        from huggingface_hub import snapshot_download
+
+        root = Path(snapshot_download(target, allow_patterns=["*.json"]))
+        index = root / "model.safetensors.index.json"
+        names = (json.loads(index.read_text())["weight_map"] if index.exists() else None)
+        from huggingface_hub import hf_hub_download
+
+        key = _embedding_key(names.keys() if names else None)
+        file = names[key] if names else "model.safetensors"
+        return _read_tensor(Path(hf_hub_download(target, file)), key, safe_open)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        key = _embedding_key(weight_map.keys())
+        return _read_tensor(root / weight_map[key], key, safe_open)
+    file = root / "model.safetensors"
+    if not file.exists():
+        raise ValueError(f"{root} has no model.safetensors(.index.json); pass a safetensors target")
+    with safe_open(str(file), "pt") as f:
+        key = _embedding_key(f.keys())
+    return _read_tensor(file, key, safe_open)
+
+
+def _embedding_key(names) -> str:
+    names = list(names) if names is not None else ["model.embed_tokens.weight"]
+    for key in ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight"):
+        if key in names:
+            return key
+    raise ValueError("the target's weights have no embed_tokens.weight; is it a Qwen3/Llama-style model?")
+
+
+def _read_tensor(file: Path, key: str, safe_open) -> torch.Tensor:
+    with safe_open(str(file), "pt") as f:
+        return f.get_tensor(key)
+
+
+def _dels_info(head, prior: UnigramPrior, fingerprint: str | None) -> dict[str, Any]:
+    info = {"kind": head.kind, "vocab_size": head.vocab_size, "rank": head.rank,
+            "prior_log_probs": prior.log_probs.tolist(), "prior_smoothing": prior.smoothing,
+            "tokenizer_fingerprint": fingerprint}
+    if head.kind == "gru":
+        info.update(embed_dim=head.embed_dim, hidden_size=head.hidden_size, rank_activation=head.rank_activation)
+    return info
+
+
+def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torch.Tensor | None = None,
+                      dataset=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:
+    """Train a short head per the recipe; returns {"history", "export_dir", "trainer", "prior"}."""
+    from training.data import TokenizedDataset, collate
+    from training.export import export_dels
+    from training.pipeline import resolve_device
+    from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
+
+    train_config = TrainConfig(**recipe["train"])
+    env = DistEnv.from_environment(recipe.get("device", "auto"))
+    device = resolve_device(recipe.get("device", "auto"), env)
+    torch.manual_seed(train_config.seed)
+    if dataset is None:
+        dataset = TokenizedDataset.load(recipe["data"])
+    head_spec = recipe.get("head", {"kind": "gru"})
+    if embed_weight is None and head_spec.get("kind", "gru") == "gru":
+        embed_weight = load_target_embedding(recipe["target"])
+    if tokenizer is None and recipe.get("target"):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(recipe["target"])
+    vocab_size = int(recipe.get("vocab_size") or (embed_weight.shape[0] if embed_weight is not None else len(tokenizer)))
+    head = build_short_head(head_spec, vocab_size, embed_weight).to(device)
+    prior = UnigramPrior.from_counts(dataset.supervised_token_counts(vocab_size),
+                                     float(recipe.get("prior_smoothing", 1.0)))
+    objective = ShortHeadObjective(head, int(recipe.get("block_size", 16)), int(recipe.get("num_anchors", 256)))
+
+    def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
+        batch = collate([dataset[i] for i in indices])
+        return {"input_ids": batch["input_ids"].to(device), "loss_mask": batch["loss_mask"].to(device),
+                "seeds": seeds_for(indices, train_config.seed, epoch)}
+
+    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+    trainer = Trainer(objective, {"head": head}, make_inputs, len(dataset), train_config, device=device,
+                      dist_env=env, checkpoint_extras={"kind": "dels", "dels": _dels_info(head, prior, fingerprint)},
+                      progress=progress)
+    history = trainer.fit(resume=True if resume == "latest" else resume)
+    export_dir = Path(train_config.output_dir) / "final"
+    if env.is_main:
+        export_dels(export_dir, head, prior, tokenizer_fingerprint=fingerprint,
+                    alpha=recipe.get("alpha", 0.3), beta=recipe.get("beta", 0.3))
+    return {"history": history, "export_dir": export_dir, "trainer": trainer, "prior": prior}
+
+
+def run_fusion_training(recipe: dict[str, Any], *, resume=None, target_model=None, dataset=None,
+                        progress: bool = True) -> dict[str, Any]:
+    """Fit per-slot alpha/beta; writes them into the DeLS folder's config.json (a copy at
+    <output_dir>/final). Returns {"history", "alpha", "beta", "export_dir", "trainer"}."""
+    import shutil
+
+    from training.data import TokenizedDataset, collate
+    from training.export import load_dflash
+    from training.features import OnlineFeatures, frozen_target_weights
+    from training.pipeline import resolve_device
+    from vllm_liliprop.heads.dels_io import load_dels_head
+
+    train_config = TrainConfig(**recipe["train"])
+    env = DistEnv.from_environment(recipe.get("device", "auto"))
+    device = resolve_device(recipe.get("device", "auto"), env)
+    torch.manual_seed(train_config.seed)
+    if target_model is None:
+        from transformers import AutoModelForCausalLM
+
+        target_model = AutoModelForCausalLM.from_pretrained(
+            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16")))
+    target_model = target_model.to(device).eval().requires_grad_(False)
+    if dataset is None:
+        dataset = TokenizedDataset.load(recipe["data"])
+    embed_weight, lm_head_weight = frozen_target_weights(target_model)
+    drafter = load_dflash(recipe["drafter"]).to(device)
+    head, prior, _ = load_dels_head(recipe["dels"], embed_weight.float(), drafter.config.vocab_size)
+    objective = FusionObjective(drafter, head.to(device).float(), prior.to(device), embed_weight.float(),
+                                lm_head_weight.float(), int(recipe.get("num_anchors", 256)),
+                                recipe.get("alpha", 0.3), recipe.get("beta", 0.3))
+    features = OnlineFeatures(target_model, drafter.config.target_layer_ids, final_hidden=False)
+
+    def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
+        batch = {k: v.to(device) for k, v in collate([dataset[i] for i in indices]).items()}
+        return {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"],
+                "target_taps": features(batch)["target_taps"],
+                "seeds": seeds_for(indices, train_config.seed, epoch)}
+
+    fusion = nn.ParameterDict({"alpha": objective.alpha, "beta": objective.beta})
+    trainer = Trainer(objective, {"head": fusion}, make_inputs, len(dataset), train_config, device=device,
+                      dist_env=env, checkpoint_extras={"kind": "dels_fusion"}, progress=progress)
+    history = trainer.fit(resume=True if resume == "latest" else resume)
+    alpha = [round(float(a), 6) for a in objective.alpha.detach().cpu()]
+    beta = [round(float(b), 6) for b in objective.beta.detach().cpu()]
+    export_dir = Path(train_config.output_dir) / "final"
+    if env.is_main:
+        if export_dir.exists():
+            shutil.rmtree(export_dir)
+        shutil.copytree(recipe["dels"], export_dir)
+        config_path = export_dir / "config.json"
+        config = json.loads(config_path.read_text())
+        config.update(alpha=alpha, beta=beta)
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+    return {"history": history, "alpha": alpha, "beta": beta, "export_dir": export_dir, "trainer": trainer}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m training.train_dels", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_recipe_arguments(parser)
+    args = parser.parse_args(argv)
+    recipe = recipe_from_args(args)
+    if args.print_recipe:
+        print(json.dumps(recipe, indent=2))
+        return
+    method = recipe.get("method", "dels")
+    if method == "dels":
+        result = run_dels_training(recipe, resume=args.resume)
+    elif method == "dels_fusion":
+        result = run_fusion_training(recipe, resume=args.resume)
+        print(f"alpha = {result['alpha']}\nbeta = {result['beta']}")
+    else:
+        raise ValueError(f"recipe method must be 'dels' or 'dels_fusion' for training.train_dels, got {method!r}")
+    print(f"exported {result['export_dir']}")
+
+
+if __name__ == "__main__":
+    main()
