@@ -44,6 +44,7 @@ PROVENANCE_COLUMNS = [
     "engine_flags",    # JSON of the engine flags shared by all arms
     "system_config",   # JSON of the system's speculative config and options
     "timestamp",
+    "protocol",        # JSON of the generation protocol shared by all arms (cap, warm-up, prompts, data)
 ]
 
 ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS

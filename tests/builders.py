@@ -79,7 +79,7 @@ def build_rank_preferring_lilicorr(out_dir, target_dir, ranked_tokens, rank, top
         weights[f"lilicorr.{name}"] = value.contiguous()
     save_file(weights, str(Path(out_dir) / "model.safetensors"))
     make_constant_drafter(Path(out_dir), Path(target_dir), ranked_tokens)
-    return out_dir
+    return Path(out_dir)
 
 
 def build_constant_dflash(out_dir, target_dir, ranked_tokens):

@@ -1,0 +1,5 @@
+import sys
+
+from eval.cli import main
+
+sys.exit(main())

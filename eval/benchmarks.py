@@ -1,0 +1,345 @@
+"""Benchmarks behind one schema, read from a local folder or (with `--source hf`) from the hub.
+
+Every benchmark yields `Example`s: id, benchmark, category, turns (the user turns of one
+conversation; later turns follow the system's own earlier answers), optional reference.
+
+Local layout (`--data-dir DIR`, the default source):
+    DIR/<benchmark>.jsonl | DIR/<benchmark>.parquet | DIR/<benchmark>/*.{jsonl,parquet}
+    DIR/testbed/<suite>.{jsonl,parquet}      one benchmark "testbed-<suite>" per file
+A row is either in the common schema
+    {"id": "...", "turns": ["...", ...], "category": "...", "reference": ..., "benchmark": "..."}
+(category, reference and benchmark optional; a benchmark field must name the file's benchmark),
+or in the benchmark's own hub schema (the fields listed in `BENCHMARKS[name].hub_fields`), which
+is converted exactly as rows loaded with `datasets` are. So a hub export saved with
+`Dataset.to_json` / `to_parquet` can be used offline as is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TESTBED = "testbed"
+TESTBED_PREFIX = "testbed-"
+DATA_SUFFIXES = (".jsonl", ".parquet")
+
+
+class DataError(ValueError):
+    """A missing or malformed benchmark file; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    benchmark: str
+    category: str
+    turns: tuple[str, ...]
+    reference: Any = None
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo: str
+    split: str
+    config: str | None = None
+    data_files: str | None = None  # a file in the repo, for datasets without a loadable config
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    hub: HubSource
+    convert: Callable[[Mapping, int], dict]  # hub row, index -> common-schema fields
+    hub_fields: tuple[str, ...]  # the hub schema's fields the converter reads
+    by_category: bool = False  # measure each category on its own (results' category column)
+    input_len: int = 0  # the block's fixed input length in tokens (0: natural length)
+
+
+def _single(text_field: str, id_field: str | None, prefix: str, reference: str | None = None,
+            wrap: Callable[[Mapping], str] | None = None):
+    def convert(row: Mapping, index: int) -> dict:
+        text = wrap(row) if wrap else row[text_field]
+        return {
+            "id": f"{prefix}-{row[id_field] if id_field else index}",
+            "turns": [text],
+            "reference": row.get(reference) if reference else None,
+        }
+
+    return convert
+
+
+def _humaneval_prompt(row: Mapping) -> str:
+    return ("Complete the following Python function. Answer with the whole function in a Python "
+            f"code block.\n\n```python\n{row['prompt']}```")
+
+
+def _mbpp_prompt(row: Mapping) -> str:
+    text = row.get("text") or row["prompt"]  # "full" config: text; "sanitized": prompt
+    tests = "\n".join(row.get("test_list") or [])
+    return f"{text}\nYour code should pass these tests:\n{tests}" if tests else text
+
+
+def _livecodebench_prompt(row: Mapping) -> str:
+    prompt = row["question_content"]
+    starter = (row.get("starter_code") or "").strip()
+    if starter:
+        prompt += f"\n\nStart from this code:\n```python\n{starter}\n```"
+    return prompt
+
+
+def _mtbench(row: Mapping, index: int) -> dict:
+    return {"id": f"mtbench-{row['prompt_id']}", "turns": list(row["prompt"]),
+            "category": row.get("category", ""), "reference": row.get("reference")}
+
+
+def _speed(row: Mapping, index: int) -> dict:
+    return {"id": str(row["question_id"]), "turns": list(row["turns"]),
+            "category": row.get("category", "")}
+
+
+def _math500(row: Mapping, index: int) -> dict:
+    return {"id": f"math500-{row.get('unique_id') or index}", "turns": [row["problem"]],
+            "category": row.get("subject", ""), "reference": row.get("answer")}
+
+
+def _aime(row: Mapping, index: int) -> dict:
+    text = row.get("problem") or row["question"]
+    idx = row.get("problem_idx", row.get("id", index))
+    return {"id": f"aime2025-{idx}", "turns": [text], "reference": str(row.get("answer", ""))}
+
+
+SPEED_REPO = "nvidia/SPEED-Bench"
+SPEED_THROUGHPUT_LENGTHS = {"1k": 1024, "2k": 2048, "8k": 8192, "16k": 16384, "32k": 32768}
+
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark("gsm8k", HubSource("openai/gsm8k", "test", "main"),
+                  _single("question", None, "gsm8k", "answer"), ("question", "answer")),
+        Benchmark("math500", HubSource("HuggingFaceH4/MATH-500", "test"), _math500,
+                  ("problem", "answer", "unique_id")),
+        Benchmark("aime2025", HubSource("MathArena/aime_2025", "train"), _aime,
+                  ("problem_idx", "problem", "answer")),
+        Benchmark("humaneval", HubSource("openai/openai_humaneval", "test"),
+                  _single("prompt", "task_id", "humaneval", "canonical_solution", _humaneval_prompt),
+                  ("task_id", "prompt", "canonical_solution")),
+        Benchmark("mbpp", HubSource("google-research-datasets/mbpp", "test", "full"),
+                  _single("text", "task_id", "mbpp", "code", _mbpp_prompt),
+                  ("task_id", "text", "code", "test_list")),
+        # code_generation_lite ships a loading script, which `datasets` no longer runs: read its
+        # release file directly (release_v6 problems).
+        Benchmark("livecodebench",
+                  HubSource("livecodebench/code_generation_lite", "train", data_files="test6.jsonl"),
+                  _single("question_content", "question_id", "livecodebench", None,
+                          _livecodebench_prompt),
+                  ("question_id", "question_content", "starter_code")),
+        Benchmark("alpacaeval",
+                  HubSource("tatsu-lab/alpaca_eval", "train", data_files="alpaca_eval.json"),
+                  _single("instruction", None, "alpacaeval", "output"), ("instruction", "output")),
+        Benchmark("mtbench", HubSource("HuggingFaceH4/mt_bench_prompts", "train"), _mtbench,
+                  ("prompt_id", "prompt", "category", "reference")),
+        Benchmark("speed-qualitative", HubSource(SPEED_REPO, "test", "qualitative"), _speed,
+                  ("question_id", "category", "turns"), by_category=True),
+        *[
+            Benchmark(f"speed-throughput_{size}", HubSource(SPEED_REPO, "test", f"throughput_{size}"),
+                      _speed, ("question_id", "category", "turns"), by_category=True,
+                      input_len=length)
+            for size, length in SPEED_THROUGHPUT_LENGTHS.items()
+        ],
+    ]
+}
+
+# Names that stand for several benchmarks on the command line.
+GROUPS = {
+    "table1": ["gsm8k", "math500", "aime2025", "humaneval", "mbpp", "livecodebench", "alpacaeval",
+               "mtbench", "speed-qualitative"],
+    "speed-throughput": [f"speed-throughput_{s}" for s in SPEED_THROUGHPUT_LENGTHS],
+}
+
+
+def testbed_benchmark(name: str) -> Benchmark:
+    """A testbed suite: common schema only, measured per category when it has categories."""
+
+    def convert(row: Mapping, index: int) -> dict:
+        raise KeyError("turns")
+
+    return Benchmark(name, HubSource("", ""), convert, ("id", "turns"), by_category=True)
+
+
+def benchmark_spec(name: str) -> Benchmark:
+    if name in BENCHMARKS:
+        return BENCHMARKS[name]
+    if name.startswith(TESTBED_PREFIX):
+        return testbed_benchmark(name)
+    raise DataError(
+        f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}, the groups "
+        f"{', '.join(GROUPS)}, '{TESTBED}' (every suite in DATA_DIR/testbed/) or 'testbed-<suite>'."
+    )
+
+
+def expand_names(names: list[str], data_dir: Path | None) -> list[str]:
+    """Command-line benchmark names -> benchmark names (groups and `testbed` expanded)."""
+    out: list[str] = []
+    for name in names:
+        if name in GROUPS:
+            out.extend(GROUPS[name])
+        elif name == TESTBED:
+            out.extend(TESTBED_PREFIX + p.stem for p in _testbed_files(data_dir))
+        else:
+            benchmark_spec(name)
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def _testbed_files(data_dir: Path | None) -> list[Path]:
+    folder = Path(data_dir or ".") / TESTBED
+    files = sorted(p for p in folder.glob("*") if p.suffix in DATA_SUFFIXES) if folder.is_dir() else []
+    if not files:
+        raise DataError(f"no testbed suites: expected .jsonl or .parquet files in {folder}; pass "
+                        "--data-dir with a testbed/ folder (see eval/README.md)")
+    return files
+
+
+def load_benchmark(name: str, source: str = "local", data_dir: str | Path | None = None,
+                   limit: int | None = None) -> list[Example]:
+    """The examples of one benchmark; `limit` keeps the first N of each category group."""
+    spec = benchmark_spec(name)
+    if source == "hf" and not name.startswith(TESTBED_PREFIX):
+        from eval.hub import load_hub_rows
+
+        rows = [(f"{spec.hub.repo} ({spec.hub.config or spec.hub.data_files or 'default'})", i, r)
+                for i, r in enumerate(load_hub_rows(spec.hub))]
+    elif source in ("local", "hf"):
+        rows = [(f"{path} row {i + 1}", i, row)
+                for path in local_files(name, data_dir) for i, row in enumerate(read_rows(path))]
+    else:
+        raise DataError(f"source = {source!r} is not valid; use 'local' or 'hf'")
+    examples = [to_example(spec, row, index, where) for where, index, row in rows]
+    if not examples:
+        raise DataError(f"benchmark {name!r} has no rows ({rows and rows[0][0] or 'no file'})")
+    _check_unique_ids(examples, name)
+    return apply_limit(examples, spec, limit)
+
+
+def local_files(name: str, data_dir: str | Path | None) -> list[Path]:
+    if data_dir is None:
+        raise DataError(f"benchmark {name!r}: no --data-dir given; pass the folder that holds "
+                        f"{name}.jsonl (layout in eval/README.md) or use --source hf")
+    root = Path(data_dir)
+    if name.startswith(TESTBED_PREFIX):
+        stem = name[len(TESTBED_PREFIX):]
+        candidates = [root / TESTBED / f"{stem}{s}" for s in DATA_SUFFIXES]
+    else:
+        candidates = [root / f"{name}{s}" for s in DATA_SUFFIXES]
+    found = [p for p in candidates if p.is_file()]
+    folder = root / name
+    if folder.is_dir():
+        found += sorted(p for p in folder.iterdir() if p.suffix in DATA_SUFFIXES)
+    if not found:
+        expected = ", ".join(str(p) for p in candidates)
+        raise DataError(f"no data for benchmark {name!r}: expected {expected}"
+                        + ("" if name.startswith(TESTBED_PREFIX) else f" or a folder {folder}/ of "
+                           ".jsonl/.parquet files")
+                        + "; see eval/README.md for the layout, or load it with --source hf")
+    return found
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of one .jsonl or .parquet file as dicts; DataError naming the file (and line)."""
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several types for a corrupt file
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+        return [_plain(r) for r in frame.to_dict(orient="records")]
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path} line {number}: not valid JSON ({exc.msg}); each line must "
+                                "be one JSON object") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path} line {number}: expected a JSON object, got "
+                                f"{type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _plain(value):
+    """numpy arrays / scalars from parquet -> lists / Python scalars."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_example(spec: Benchmark, row: Mapping, index: int, where: str) -> Example:
+    """One row (common schema or the benchmark's hub schema) -> Example."""
+    if "turns" in row and "id" in row:
+        fields = dict(row)
+    else:
+        try:
+            fields = spec.convert(row, index)
+        except (KeyError, TypeError) as exc:
+            raise DataError(
+                f"{where}: field {exc} missing or malformed; a row needs the common schema "
+                f"(id, turns, optional category/reference/benchmark) or {spec.name}'s hub schema "
+                f"({', '.join(spec.hub_fields)})"
+            ) from None
+    benchmark = fields.get("benchmark")
+    if benchmark not in (None, "", spec.name):
+        raise DataError(f"{where}: benchmark = {benchmark!r} but the file is read as {spec.name!r}; "
+                        "fix the field or move the row to its benchmark's file")
+    turns = fields.get("turns")
+    if isinstance(turns, str):
+        turns = [turns]
+    if (not isinstance(turns, (list, tuple)) or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)):
+        raise DataError(f"{where}: turns = {turns!r} must be a non-empty list of non-empty strings "
+                        "(the user turns of the conversation)")
+    category = fields.get("category") or ""
+    if not isinstance(category, str):
+        raise DataError(f"{where}: category = {category!r} must be a string")
+    example_id = fields.get("id")
+    if example_id is None or str(example_id) == "":
+        raise DataError(f"{where}: id is missing; give every row a unique id")
+    return Example(str(example_id), spec.name, category, tuple(turns), fields.get("reference"))
+
+
+def _check_unique_ids(examples: list[Example], name: str) -> None:
+    seen: set[str] = set()
+    for e in examples:
+        if e.id in seen:
+            raise DataError(f"benchmark {name!r}: id {e.id!r} appears twice; ids must be unique")
+        seen.add(e.id)
+
+
+def apply_limit(examples: list[Example], spec: Benchmark, limit: int | None) -> list[Example]:
+    if limit is None:
+        return examples
+    counts: dict[str, int] = {}
+    kept = []
+    for e in examples:
+        group = e.category if spec.by_category else ""
+        if counts.get(group, 0) < limit:
+            kept.append(e)
+            counts[group] = counts.get(group, 0) + 1
+    return kept
+
+
+def measurement_groups(examples: list[Example], spec: Benchmark) -> dict[str, list[Example]]:
+    """category -> examples measured together (one results row each); "" when not split."""
+    groups: dict[str, list[Example]] = {}
+    for e in examples:
+        groups.setdefault(e.category if spec.by_category else "", []).append(e)
+    return groups

@@ -1,0 +1,187 @@
+"""`python -m eval run ...` and `python -m eval summarize ...` (see eval/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eval.benchmarks import BENCHMARKS, GROUPS, DataError, benchmark_spec, expand_names, load_benchmark
+from eval.prompts import PROMPT_FORMATS
+from eval.results import ResultsFile
+from eval.summary import SUMMARY_VALUES, summary_text
+from eval.systems import SystemsError, load_systems, select_systems
+
+RUN_EPILOG = f"""benchmarks: {', '.join(BENCHMARKS)}; groups: {', '.join(f'{k} ({len(v)})' for k, v in GROUPS.items())};
+testbed (every suite in DATA_DIR/testbed/) or testbed-<suite>.
+
+example:
+  python -m eval run --target Qwen/Qwen3-8B --systems eval/systems.example.json \\
+      --var draft=/ckpt/dflash --var lilicorr=/ckpt/lilicorr --only AR,DFlash,LiLiCorr-greedy \\
+      --benchmarks table1 --data-dir /data/eval --temperatures 0,1 --max-tokens 1024 \\
+      --engine-flags '{{"max_model_len": 8192, "enable_prefix_caching": false}}' \\
+      --stages LiLiCorr-greedy --results runs/table1.parquet
+"""
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m eval",
+                                     description="Speculative-decoding evaluation on vLLM offline batches.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run systems on benchmarks and append rows to a results file",
+                         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = run.add_argument_group("what to run")
+    what.add_argument("--target", required=True, help="target model path or hub id")
+    what.add_argument("--systems", metavar="FILE", help="systems file (JSON: name -> entry; see eval/systems.py)")
+    what.add_argument("--system", action="append", default=[], metavar="NAME=JSON",
+                      help="define a system inline, e.g. ngram='{\"speculative_config\": {\"method\": "
+                           "\"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}}'")
+    what.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                      help="value for ${NAME} placeholders in the systems file")
+    what.add_argument("--only", type=_names, metavar="A,B", help="systems to run (default: all defined)")
+    what.add_argument("--benchmarks", type=_names, required=True, metavar="A,B",
+                      help="benchmarks or groups (listed below)")
+    what.add_argument("--dels-alpha", type=_floats, metavar="X,Y",
+                      help="DeLS alpha grid, applied to every DeLS system (overrides dels_grid)")
+    what.add_argument("--dels-beta", type=_floats, metavar="X,Y", help="DeLS beta grid, likewise")
+    what.add_argument("--stages", type=_names, default=[], metavar="SYSTEM",
+                      help="systems to decompose into stages (kind == 'stage' rows, c = 1)")
+    what.add_argument("--stage-benchmarks", type=_names, metavar="A,B",
+                      help="benchmarks for the stage rows (default: mtbench if run, else the first)")
+
+    data = run.add_argument_group("data")
+    data.add_argument("--source", choices=("local", "hf"), default="local",
+                      help="local folder (default) or the Hugging Face hub (needs network)")
+    data.add_argument("--data-dir", help="folder of benchmark files (layout in eval/README.md)")
+    data.add_argument("--limit", type=int, help="first N prompts per benchmark (per category where split)")
+
+    protocol = run.add_argument_group("protocol")
+    protocol.add_argument("--temperatures", type=_floats, default=[0.0, 1.0], metavar="T,T")
+    protocol.add_argument("--seeds", type=_ints, default=[42, 43, 44], metavar="S,S",
+                          help="seeds for T > 0 (T = 0 runs once, as the first seed)")
+    protocol.add_argument("--concurrency", type=_ints, default=[1], metavar="C,C",
+                          help="engine max_num_seqs values, e.g. 1,2,4,8,16,32")
+    protocol.add_argument("--max-tokens", type=int, default=1024, help="generation cap per turn")
+    protocol.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
+    protocol.add_argument("--warmup-requests", type=int,
+                          help="warm-up batch size before each timed batch (default: the concurrency)")
+    protocol.add_argument("--warmup-tokens", type=int, default=16)
+    protocol.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
+                          help="chat template with thinking off (default) or raw text for base models")
+
+    engine = run.add_argument_group("engine flags (shared by every system)")
+    engine.add_argument("--engine-flags", default="{}", metavar="JSON",
+                        help="vllm.LLM keyword arguments, e.g. '{\"max_model_len\": 8192, "
+                             "\"enable_prefix_caching\": false, \"dtype\": \"bfloat16\"}'")
+    engine.add_argument("--yarn-factor", type=float, help="YaRN positional extension factor")
+    engine.add_argument("--yarn-original-max-position", type=int,
+                        help="YaRN original context (default: the model's max_position_embeddings)")
+
+    out = run.add_argument_group("output")
+    out.add_argument("--results", required=True, help="results file (.csv or .parquet); appended to")
+    out.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    out.add_argument("--no-progress", action="store_true")
+    out.add_argument("--no-summary", action="store_true")
+
+    summarize = sub.add_parser("summarize", help="print Table-1-style markdown tables of a results file")
+    summarize.add_argument("results", help="results file (.csv or .parquet)")
+    summarize.add_argument("--values", type=_names, default=list(SUMMARY_VALUES), metavar="A,B",
+                           help="metric columns to tabulate (default: tau,speedup,tokens_per_s)")
+    return parser
+
+
+def engine_flags_from_args(args) -> dict:
+    try:
+        flags = json.loads(args.engine_flags)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--engine-flags is not valid JSON ({exc})") from None
+    if not isinstance(flags, dict):
+        raise ValueError("--engine-flags must be a JSON object of vllm.LLM keyword arguments")
+    for key in ("model", "speculative_config", "max_num_seqs", "disable_log_stats"):
+        if key in flags:
+            where = {"speculative_config": "the systems file", "max_num_seqs": "--concurrency",
+                     "model": "--target"}.get(key, "eval (always on, for the counters)")
+            raise ValueError(f"--engine-flags sets {key!r}; it is set by {where}")
+    if args.yarn_factor:
+        flags["yarn"] = {"factor": args.yarn_factor}
+        if args.yarn_original_max_position:
+            flags["yarn"]["original_max_position_embeddings"] = args.yarn_original_max_position
+    return flags
+
+
+def run_command(args) -> int:
+    from eval.runner import Campaign, Protocol
+
+    variables = {}
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--var {item!r} must look like NAME=VALUE")
+        variables[name] = value
+    if not args.systems and not args.system:
+        raise ValueError("no systems: pass --systems FILE and/or --system NAME=JSON")
+    available = load_systems(args.systems, variables, args.system)
+    systems = select_systems(available, args.only, args.dels_alpha, args.dels_beta)
+    names = expand_names(args.benchmarks, args.data_dir)
+    benchmarks = [(benchmark_spec(n), load_benchmark(n, args.source, args.data_dir, args.limit))
+                  for n in names]
+    stage_benchmarks = args.stage_benchmarks or (["mtbench"] if "mtbench" in names else names[:1])
+    missing = [b for b in stage_benchmarks if b not in names]
+    if args.stages and missing:
+        raise ValueError(f"--stage-benchmarks {missing} are not among --benchmarks")
+    if any(t < 0 for t in args.temperatures) or not args.temperatures:
+        raise ValueError("--temperatures must be one or more numbers >= 0")
+    if not args.seeds or not args.concurrency or min(args.concurrency) < 1:
+        raise ValueError("--seeds needs one or more seeds and --concurrency values >= 1")
+    protocol = Protocol(
+        temperatures=tuple(args.temperatures), seeds=tuple(args.seeds),
+        concurrency=tuple(sorted(set(args.concurrency))), max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos, warmup_requests=args.warmup_requests,
+        warmup_tokens=min(args.warmup_tokens, args.max_tokens), prompt_format=args.prompt_format,
+        source=args.source, limit=args.limit,
+    )
+    campaign = Campaign(args.target, systems, benchmarks, protocol, engine_flags_from_args(args),
+                        ResultsFile(args.results), tuple(args.stages), tuple(stage_benchmarks))
+    if args.dry_run:
+        counts: dict[tuple[int, str], list[int]] = {}
+        for m in campaign.plan(campaign.renderer().chat_kwargs, vllm_version=""):
+            done_todo = counts.setdefault((m.concurrency, m.system.name), [0, 0])
+            done_todo[0 if campaign.results.has(m.template) else 1] += 1
+        print(f"{len(systems)} system(s), {len(benchmarks)} benchmark(s); measurements per engine "
+              "(done / to run):")
+        for (c, name), (done, todo) in counts.items():
+            print(f"  c={c} {name}: {done} / {todo}")
+        return 0
+    campaign.run(progress=not args.no_progress)
+    if not args.no_summary:
+        print(summary_text(args.results))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return run_command(args)
+        print(summary_text(args.results, tuple(args.values)))
+        return 0
+    except (DataError, SystemsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The campaign: every system x benchmark (x category) x temperature x seed x concurrency.
+
+Engines: one per (concurrency, system), reused across benchmarks, temperatures and seeds (the
+concurrency is the engine's max_num_seqs, so a new c needs a new engine). For each concurrency AR
+runs first, so every other system's rows find their speedup baseline. An engine is only built
+when it has unfinished rows (resume).
+
+Each measurement: a warm-up batch (the first `warmup_requests` conversations, first turn,
+`warmup_tokens` tokens, same sampling), then the timed batch on an emptied prefix cache; counters
+and wall time cover the timed batch only. T = 0 runs once (seed column = the first seed), T > 0
+once per seed (each request derives its own sampling seed from it).
+
+Stage rows (kind == "stage"): for the systems named in `stage_systems`, at c = 1, on
+`stage_benchmarks`, at the first temperature and seed; a separate batch with the stage timer of
+vllm_liliprop.vllm.offline installed (see StageTimes.per_step_ms for what each stage covers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from eval.benchmarks import Benchmark, Example, measurement_groups
+from eval.metrics import run_metrics, speedup
+from eval.prompts import PromptRenderer
+from eval.results import ResultsFile, git_revision, new_run_id, now
+from eval.systems import BASELINE, System, checkpoint_hash
+
+# Environment variables that change engine speed, recorded with the engine flags.
+RECORDED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "VLLM_USE_V2_MODEL_RUNNER",
+                "VLLM_ATTENTION_BACKEND")
+# offline.STEP_WALL (not imported: that module imports vLLM). Written last, its row marks a
+# finished stage measurement.
+STEP_WALL = "step wall"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    seeds: tuple[int, ...] = (42, 43, 44)
+    concurrency: tuple[int, ...] = (1,)
+    max_tokens: int = 1024  # generation cap per turn
+    ignore_eos: bool = False
+    warmup_requests: int | None = None  # None: as many as the concurrency
+    warmup_tokens: int = 16
+    prompt_format: str = "chat"
+    source: str = "local"
+    limit: int | None = None  # prompts per benchmark (per category where split)
+
+    def seeds_for(self, temperature: float) -> tuple[int, ...]:
+        return self.seeds if temperature > 0 else self.seeds[:1]
+
+    def record(self, chat_kwargs: dict) -> str:
+        """JSON for the protocol column: what every arm shares besides the key columns."""
+        fields = asdict(self)
+        for key in ("temperatures", "seeds", "concurrency"):
+            fields.pop(key)
+        fields.update(chat_template_kwargs=chat_kwargs, top_p=1.0, top_k=0)
+        return json.dumps(fields, sort_keys=True)
+
+
+@dataclass
+class Measurement:
+    kind: str  # "run" | "stage"
+    system: System
+    benchmark: Benchmark
+    category: str
+    examples: list[Example]
+    temperature: float
+    concurrency: int
+    seed: int
+    template: dict = field(default_factory=dict)  # key + provenance columns
+
+
+@dataclass
+class Campaign:
+    target: str
+    systems: list[System]
+    benchmarks: list[tuple[Benchmark, list[Example]]]
+    protocol: Protocol
+    engine_flags: dict
+    results: ResultsFile
+    stage_systems: tuple[str, ...] = ()
+    stage_benchmarks: tuple[str, ...] = ()
+    log: Callable[[str], None] = print
+    run_id: str = field(default_factory=new_run_id)
+    _tokenizer: object = field(default=None, repr=False)
+
+    def plan(self, chat_kwargs: dict, vllm_version: str) -> list[Measurement]:
+        """Every measurement of the campaign in run order, finished ones included."""
+        unknown = [s for s in self.stage_systems if s not in {x.name for x in self.systems}]
+        if unknown:
+            raise ValueError(f"--stages names system(s) {unknown} that are not in the run")
+        shared = {
+            "run_id": self.run_id,
+            "git_rev": git_revision(),
+            "vllm_version": vllm_version,
+            "target": self.target,
+            "engine_flags": self.engine_flags_record(),
+            "protocol": self.protocol.record(chat_kwargs),
+        }
+        levels = sorted(set(self.protocol.concurrency) | ({1} if self.stage_systems else set()))
+        out = []
+        for c in levels:
+            for system in self.systems:
+                if c in self.protocol.concurrency:
+                    out += self._measurements("run", system, c, self.benchmarks,
+                                              self.protocol.temperatures, self.protocol.seeds_for)
+                if c == 1 and system.name in self.stage_systems:
+                    chosen = [b for b in self.benchmarks if b[0].name in self.stage_benchmarks]
+                    first_t = self.protocol.temperatures[:1]
+                    out += self._measurements("stage", system, c, chosen, first_t,
+                                              lambda t: self.protocol.seeds[:1])
+        for m in out:
+            m.template = self._template(m, shared)
+        return out
+
+    def _measurements(self, kind, system, c, benchmarks, temperatures, seeds_for):
+        out = []
+        for spec, examples in benchmarks:
+            for category, group in measurement_groups(examples, spec).items():
+                for t in temperatures:
+                    for seed in seeds_for(t):
+                        out.append(Measurement(kind, system, spec, category, group, t, c, seed))
+        return out
+
+    def _template(self, m: Measurement, shared: dict) -> dict:
+        alpha, beta = m.system.dels_weights()
+        return {
+            "kind": m.kind, "system": m.system.name, "benchmark": m.benchmark.name,
+            "category": m.category, "temperature": float(m.temperature),
+            "concurrency": m.concurrency, "input_len": m.benchmark.input_len, "seed": m.seed,
+            "dels_alpha": alpha, "dels_beta": beta, "stage": STEP_WALL if m.kind == "stage" else "",
+            **shared,
+            "draft": m.system.draft,
+            "checkpoint_hash": checkpoint_hash(m.system),
+            "system_config": m.system.config_json(),
+        }
+
+    def renderer(self, max_prompt_tokens: int | None = None) -> PromptRenderer:
+        """A prompt renderer over the target's tokenizer (loaded once)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.target)
+        return PromptRenderer(self._tokenizer, self.protocol.prompt_format, max_prompt_tokens)
+
+    def engine_flags_record(self) -> str:
+        env = {k: os.environ[k] for k in RECORDED_ENV if k in os.environ}
+        return json.dumps({**self.engine_flags, "env": env}, sort_keys=True)
+
+    def run(self, progress: bool = True) -> int:
+        """Run every unfinished measurement; returns the number of rows written."""
+        plan = self.plan(self.renderer().chat_kwargs, vllm_version="")
+        todo = [m for m in plan if not self.results.has(m.template)]
+        self.log(f"eval run {self.run_id}: {len(plan)} measurements, {len(plan) - len(todo)} "
+                 f"already in {self.results.path}, {len(todo)} to run")
+        if not todo:
+            return 0
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").lower() in ("0", "false")
+        if any(m.kind == "stage" for m in todo) and not in_process:
+            raise ValueError("--stages times the in-process engine: set "
+                             "VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole run (every arm alike)")
+        from tqdm import tqdm
+
+        from vllm_liliprop.vllm import offline  # imports vLLM: only when there is work
+
+        for m in todo:
+            m.template["vllm_version"] = offline.vllm_version()
+
+        bar = tqdm(total=len(todo), disable=not progress, dynamic_ncols=True, desc="eval")
+        written = 0
+        try:
+            for (c, system), items in _by_engine(todo):
+                with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
+                                           system.options(), max_num_seqs=c) as engine:
+                    limit = engine.max_model_len - self.protocol.max_tokens
+                    if limit <= 0:
+                        raise ValueError(f"max_tokens = {self.protocol.max_tokens} leaves no room for "
+                                         f"a prompt in max_model_len = {engine.max_model_len}")
+                    render = self.renderer(limit)
+                    for m in items:
+                        bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
+                                            f"{'/' + m.category if m.category else ''} "
+                                            f"T={m.temperature:g} s={m.seed}")
+                        truncated = render.num_truncated
+                        rows = self._measure(engine, render, m, offline)
+                        if render.num_truncated > truncated:
+                            self.log(f"{m.benchmark.name}{'/' + m.category if m.category else ''}: "
+                                     f"{render.num_truncated - truncated} prompt(s) right-truncated "
+                                     f"to {limit} tokens")
+                        for row in rows:
+                            self.results.append(row)
+                        written += len(rows)
+                        bar.update(1)
+        finally:
+            bar.close()
+        return written
+
+    def _measure(self, engine, render, m: Measurement, offline) -> list[dict]:
+        p = self.protocol
+        conversations = [list(e.turns) for e in m.examples]
+        seed = m.seed if m.temperature > 0 else None
+        warmup = min(p.warmup_requests or m.concurrency, len(conversations))
+        if warmup > 0 and p.warmup_tokens > 0:
+            engine.run_batch(conversations[:warmup], render,
+                             offline.Sampling(m.temperature, p.warmup_tokens, seed, p.ignore_eos),
+                             max_turns=1)
+        sampling = offline.Sampling(m.temperature, p.max_tokens, seed, p.ignore_eos)
+        base = {**m.template, "num_prompts": len(conversations), "timestamp": now()}
+        if m.kind == "run":
+            result = engine.run_batch(conversations, render, sampling)
+            row = {**base, **run_metrics(result.counters, result.output_tokens, result.wall_s),
+                   "stage_ms": math.nan}
+            baseline = (row["tokens_per_s"] if m.system.name == BASELINE
+                        else self.results.baseline_tokens_per_s(row, BASELINE))
+            row["speedup"] = speedup(row["tokens_per_s"], baseline)
+            return [row]
+        with engine.stage_timer() as times:
+            result = engine.run_batch(conversations, render, sampling)
+        metrics = run_metrics(result.counters, result.output_tokens, result.wall_s)
+        stages = times.per_step_ms()
+        # "step wall" last: its row marks the measurement as finished for resume.
+        names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
+        return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
+                 "speedup": math.nan} for s in names]
+
+
+def _by_engine(todo: list[Measurement]):
+    """Consecutive measurements sharing (concurrency, system): one engine each."""
+    groups: list[tuple[tuple[int, System], list[Measurement]]] = []
+    for m in todo:
+        key = (m.concurrency, m.system)
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(m)
+        else:
+            groups.append((key, [m]))
+    return groups

@@ -1,0 +1,79 @@
+"""`python -m eval run` end to end: AR + DFlash on the tiny models, resume, summary."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from eval.cli import main
+from eval.schema import ALL_COLUMNS
+from tests.test_eval_loaders import DATA
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _command(tiny_models, tmp_path):
+    systems = tmp_path / "systems.json"
+    systems.write_text(json.dumps({
+        "AR": {},
+        "DFlash": {"speculative_config": {"method": "dflash", "model": "${draft}",
+                                          "num_speculative_tokens": 7}},
+    }))
+    return ["run", "--target", tiny_models["target"], "--systems", str(systems),
+            "--var", f"draft={tiny_models['draft']}", "--benchmarks", "gsm8k,mtbench",
+            "--data-dir", str(DATA), "--limit", "2", "--temperatures", "0,1", "--seeds", "42",
+            "--max-tokens", "16", "--ignore-eos", "--no-progress",
+            "--engine-flags", json.dumps({"dtype": "float32", "max_model_len": 512, "enforce_eager": True}),
+            "--stages", "DFlash", "--results", str(tmp_path / "results.csv")]
+
+
+def test_run_writes_every_column_resumes_and_summarizes(tiny_models, tmp_path, capsys, monkeypatch):
+    code = main(_command(tiny_models, tmp_path))
+    printed, errors = capsys.readouterr()
+    assert code == 0, errors
+    frame = pd.read_csv(tmp_path / "results.csv")
+    assert list(frame.columns) == ALL_COLUMNS
+    runs = frame[frame["kind"] == "run"]
+    assert len(runs) == 2 * 2 * 2  # systems x benchmarks x temperatures (one seed)
+    assert (runs["concurrency"] == 1).all() and (runs["num_prompts"] == 2).all()
+    # ignore_eos: gsm8k = 2 prompts x 16 tokens, mtbench = 2 prompts x 2 turns x 16 tokens.
+    assert dict(zip(runs["benchmark"], runs["output_tokens"])) == {"gsm8k": 32, "mtbench": 64}
+    ar, dflash = runs[runs["system"] == "AR"], runs[runs["system"] == "DFlash"]
+    assert (ar["tau"] == 1.0).all() and (ar["speedup"] == 1.0).all() and (ar["num_drafts"] == 0).all()
+    assert (dflash["num_drafts"] > 0).all() and (dflash["num_draft_tokens"] == 7 * dflash["num_drafts"]).all()
+    for _, row in dflash.iterrows():
+        assert row["tau"] == pytest.approx(1 + row["num_accepted_tokens"] / row["num_drafts"])
+        assert len(json.loads(row["accept_per_pos"])) == 7
+        match = ar[(ar["benchmark"] == row["benchmark"]) & (ar["temperature"] == row["temperature"])]
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / match["tokens_per_s"].item())
+        assert row["draft"] == tiny_models["draft"] and len(row["checkpoint_hash"]) == 16
+        assert json.loads(row["system_config"])["speculative_config"]["method"] == "dflash"
+    assert list(runs["tokens_per_s"]) == pytest.approx(list(runs["output_tokens"] / runs["wall_s"]))
+    assert runs["engine_flags"].nunique() == 1 and runs["protocol"].nunique() == 1
+    assert json.loads(runs["engine_flags"].iloc[0])["max_model_len"] == 512
+    assert (runs["vllm_version"].astype(str).str.startswith("0.")).all()
+    stages = frame[frame["kind"] == "stage"]
+    assert list(stages["stage"]) == ["target verify", "draft backbone", "LM head", "speculative head",
+                                     "accept", "step wall"]
+    assert (stages["system"] == "DFlash").all() and (stages["benchmark"] == "mtbench").all()
+    assert (stages["stage_ms"] > 0).all() and stages["speedup"].isna().all()
+    wall = stages.set_index("stage")["stage_ms"]
+    assert wall["target verify"] + wall["draft backbone"] < wall["step wall"]
+    # The summary: Table-1 style markdown with the best per row marked.
+    assert "### tau" in printed and "### speedup" in printed and "### stages (ms per step)" in printed
+    assert "| Benchmark | T | AR | DFlash |" in printed and "| gsm8k | 0 |" in printed and "**" in printed
+
+    # Resume: every row is done, so no engine may even start.
+    from vllm_liliprop.vllm import offline
+
+    def refuse(self):
+        raise AssertionError("a finished run built an engine")
+
+    monkeypatch.setattr(offline.OfflineEngine, "__enter__", refuse)
+    assert main(_command(tiny_models, tmp_path) + ["--no-summary"]) == 0
+    assert "0 to run" in capsys.readouterr().out
+    assert pd.read_csv(tmp_path / "results.csv").shape == frame.shape
+
+    assert main(["summarize", str(tmp_path / "results.csv"), "--values", "tau"]) == 0
+    summary = capsys.readouterr().out
+    assert "### tau" in summary and "### speedup" not in summary

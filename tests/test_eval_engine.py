@@ -1,0 +1,70 @@
+"""vllm_liliprop.vllm.offline: YaRN flags, multi-turn batches on a real engine, per-batch counters."""
+
+import pickle
+
+import pytest
+
+pytestmark = [pytest.mark.vllm]
+
+
+def test_yarn_flag_becomes_a_picklable_override_of_any_config():
+    from transformers import Qwen3Config
+
+    from vllm_liliprop.vllm.offline import apply_yarn, llm_kwargs
+
+    kwargs = llm_kwargs({"dtype": "float32", "yarn": {"factor": 4}})
+    assert kwargs["dtype"] == "float32" and "yarn" not in kwargs
+    override = pickle.loads(pickle.dumps(kwargs["hf_overrides"]))  # spawned engines unpickle it
+    config = override(Qwen3Config(max_position_embeddings=2048))
+    assert config.rope_parameters["rope_type"] == "yarn"
+    assert config.rope_parameters["factor"] == 4.0
+    assert config.rope_parameters["original_max_position_embeddings"] == 2048
+    assert config.max_position_embeddings == 8192
+    config = apply_yarn(Qwen3Config(max_position_embeddings=4096), 2.0, 1024)
+    assert config.max_position_embeddings == 2048
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        llm_kwargs({"max_num_seqs": 4})
+    with pytest.raises(ValueError, match="both 'yarn' and 'hf_overrides'"):
+        llm_kwargs({"yarn": {"factor": 2}, "hf_overrides": {"x": 1}})
+
+
+@pytest.mark.slow
+def test_multi_turn_batch_follows_own_answers_with_yarn_on_target_and_draft(tiny_models):
+    from transformers import AutoTokenizer
+
+    from eval.prompts import PromptRenderer
+    from vllm_liliprop.vllm.offline import OfflineEngine, Sampling
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["target"])
+    renderer = PromptRenderer(tokenizer)
+    seen = []
+
+    def render(messages):
+        seen.append([dict(m) for m in messages])
+        return renderer(messages)
+
+    spec = {"method": "dflash", "model": tiny_models["draft"], "num_speculative_tokens": 7}
+    # 4096 > the tiny target's 2048 positions: only valid with the YaRN extension.
+    flags = {"dtype": "float32", "max_model_len": 4096, "enforce_eager": True, "yarn": {"factor": 2.0}}
+    conversations = [["def foo(x):", "and then?"], ["import os"], ["class A:", "more", "again"]]
+    with OfflineEngine(tiny_models["target"], flags, spec, None, max_num_seqs=2) as engine:
+        config = engine.llm.llm_engine.vllm_config
+        assert config.scheduler_config.max_num_seqs == 2
+        assert engine.max_model_len == 4096
+        for hf in (config.model_config.hf_config, config.speculative_config.draft_model_config.hf_config):
+            assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 2.0
+        warm = engine.run_batch(conversations, render, Sampling(0.0, 4, None, True), max_turns=1)
+        assert [len(a) for a in warm.answers] == [1, 1, 1] and warm.output_tokens == 12
+        seen.clear()
+        result = engine.run_batch(conversations, render, Sampling(0.0, 8, None, True))
+        total = engine.counters()
+    assert [len(a) for a in result.answers] == [2, 1, 3]
+    assert result.output_tokens == 8 * 6
+    # Each later turn's prompt carries the engine's own earlier answers.
+    third = [m for m in seen if m[0]["content"] == "class A:"]
+    assert [len(m) for m in third] == [1, 3, 5]
+    assert [m["content"] for m in third[-1] if m["role"] == "assistant"] == result.answers[2][:2]
+    # The batch's counters exclude the warm-up: total = warm-up + batch.
+    assert result.counters.num_drafts > 0
+    assert total.num_drafts == warm.counters.num_drafts + result.counters.num_drafts
+    assert result.num_steps > 0 and result.wall_s > 0

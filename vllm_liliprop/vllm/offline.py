@@ -1,0 +1,370 @@
+"""Offline batches on a real vLLM engine, for eval: one engine per system, timed batches, counters.
+
+`OfflineEngine` builds one `vllm.LLM` for one system (speculative config + draft-rule options) and
+runs batches of conversations on it. A batch drives the engine step by step so that multi-turn
+conversations continue as soon as their previous turn finishes: with `max_num_seqs = c` and every
+request queued up front, c requests stay resident until the queue runs dry. Each batch returns the
+generated texts, the number of output tokens, the wall time of the generation loop, and the
+speculative-decoding counters of that batch alone (two cumulative reads subtracted).
+
+`StageTimer` splits engine steps into stages (paper Table 3) by wrapping methods of the in-process
+model runner and drafter (see its docstring); it needs `VLLM_ENABLE_V1_MULTIPROCESSING=0`.
+
+Engine flags are plain `vllm.LLM` keyword arguments, plus one key of this module:
+`yarn = {"factor": F, "original_max_position_embeddings": N (optional)}`, the YaRN positional
+extension. It becomes a callable `hf_overrides`, which vLLM applies to the target and the draft
+configs alike (a dict `hf_overrides` would reach the target only).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from vllm_liliprop.options import ENV_VAR
+from vllm_liliprop.vllm.metrics import SpecDecodeCounters
+
+# Conversation so far, as chat messages: [{"role": "user" | "assistant", "content": str}, ...].
+Messages = list[dict[str, str]]
+# Turns the conversation so far (ending with a user turn) into prompt token ids.
+RenderFn = Callable[[Messages], list[int]]
+
+YARN_KEY = "yarn"
+# Set by the engine for every system: counters must be on, the batch size comes from concurrency,
+# the speculative config from the system.
+RESERVED_FLAGS = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def apply_yarn(hf_config, factor: float, original_max_position_embeddings: int | None = None):
+    """YaRN on a transformers config (target or draft): rope_type yarn, positions scaled by factor.
+
+    vLLM, like transformers, expects `max_position_embeddings` to be the extended length already.
+    A config without positions is returned unchanged (vLLM also calls overrides on a bare config
+    to read its model type).
+    """
+    original = original_max_position_embeddings or getattr(hf_config, "max_position_embeddings", None)
+    if original is None:
+        return hf_config
+    original = int(original)
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"})
+    rope.update(rope_type="yarn", factor=float(factor), original_max_position_embeddings=original)
+    hf_config.rope_parameters = rope
+    hf_config.max_position_embeddings = int(original * factor)
+    return hf_config
+
+
+def llm_kwargs(engine_flags: dict) -> dict:
+    """`vllm.LLM` keyword arguments for the shared engine flags (the `yarn` key translated)."""
+    reserved = sorted(set(engine_flags) & set(RESERVED_FLAGS))
+    if reserved:
+        raise ValueError(
+            f"engine flags {reserved} are set per system or per concurrency by OfflineEngine; "
+            "remove them from the engine flags."
+        )
+    kwargs = {k: v for k, v in engine_flags.items() if k != YARN_KEY}
+    yarn = engine_flags.get(YARN_KEY)
+    if yarn:
+        if "hf_overrides" in kwargs:
+            raise ValueError("engine flags set both 'yarn' and 'hf_overrides'; fold the YaRN "
+                             "rope parameters into one of them.")
+        if not isinstance(yarn, dict) or not isinstance(yarn.get("factor"), (int, float)):
+            raise ValueError(f"engine flag yarn = {yarn!r} must be an object with a number 'factor'.")
+        kwargs["hf_overrides"] = functools.partial(
+            apply_yarn,
+            factor=float(yarn["factor"]),
+            original_max_position_embeddings=yarn.get("original_max_position_embeddings"),
+        )
+    return kwargs
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    max_tokens: int
+    seed: int | None = None  # base seed; each request derives its own (see `request_seed`)
+    ignore_eos: bool = False
+
+
+def request_seed(seed: int | None, index: int, turn: int) -> int | None:
+    """A stable per-request seed from the run seed, the conversation and the turn."""
+    if seed is None:
+        return None
+    import random
+
+    return random.Random(f"{seed}:{index}:{turn}").getrandbits(31)
+
+
+@dataclass
+class BatchResult:
+    answers: list[list[str]]  # per conversation, the generated text of each turn
+    output_tokens: int  # generated tokens over every turn of every conversation
+    prompt_tokens: int
+    wall_s: float  # first request added -> last request finished
+    counters: SpecDecodeCounters  # this batch only
+    num_steps: int = 0  # engine steps taken
+
+
+class OfflineEngine:
+    """One in-process or multiprocess vLLM engine for one system.
+
+    target: model path or hub id. speculative_config: None for plain decoding (AR).
+    liliprop_options: the draft-rule options (`VLLM_LILIPROP_OPTIONS`), None to leave it unset.
+    engine_flags: `vllm.LLM` kwargs shared by every system of a comparison (see `llm_kwargs`).
+    max_num_seqs: the concurrency c.
+    """
+
+    def __init__(self, target: str, engine_flags: dict, speculative_config: dict | None = None,
+                 liliprop_options: dict | None = None, max_num_seqs: int = 1):
+        self.target = target
+        self.engine_flags = dict(engine_flags)
+        self.speculative_config = speculative_config
+        self.liliprop_options = liliprop_options
+        self.max_num_seqs = max_num_seqs
+        self.llm: LLM | None = None
+        self._batches = 0
+
+    def __enter__(self) -> "OfflineEngine":
+        kwargs = llm_kwargs(self.engine_flags)
+        # The options are read when the proposer is built (in this process or a spawned one that
+        # inherits the environment), so they only need to be set while the engine starts.
+        with _liliprop_env(self.liliprop_options):
+            self.llm = LLM(
+                model=self.target,
+                speculative_config=self.speculative_config,
+                max_num_seqs=self.max_num_seqs,
+                disable_log_stats=False,
+                **kwargs,
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+        gc.collect()
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._engine().model_config.max_model_len)
+
+    def counters(self) -> SpecDecodeCounters:
+        return SpecDecodeCounters.read(self._llm())
+
+    def reset_prefix_cache(self) -> None:
+        self._llm().reset_prefix_cache()
+
+    def run_batch(self, conversations: Sequence[Sequence[str]], render: RenderFn,
+                  sampling: Sampling, fresh_cache: bool = True, max_turns: int | None = None
+                  ) -> BatchResult:
+        """Generate every turn of every conversation; later turns follow the engine's own answers.
+
+        conversations: per conversation, its user turns (>= 1). render: messages -> prompt ids
+        (the chat template, truncation). fresh_cache: empty the prefix cache first, so that a
+        batch never reuses prefixes cached by an earlier batch (the warm-up, another seed).
+        max_turns: stop each conversation after this many turns (warm-up uses 1).
+        """
+        engine = self._engine()
+        if engine.has_unfinished_requests():
+            raise RuntimeError("the engine still has requests from an earlier batch")
+        if fresh_cache:
+            self.reset_prefix_cache()
+        self._batches += 1
+        tag = f"eval{self._batches}"
+        turns = [list(c)[: max_turns or None] for c in conversations]
+        if any(not t for t in turns):
+            raise ValueError("every conversation needs at least one user turn")
+        messages: list[Messages] = [[{"role": "user", "content": t[0]}] for t in turns]
+        first_prompts = [render(m) for m in messages]
+        answers: list[list[str]] = [[] for _ in turns]
+        output_tokens = prompt_tokens = steps = 0
+
+        def add(index: int, prompt_ids: list[int]) -> None:
+            nonlocal prompt_tokens
+            turn = len(answers[index])
+            params = SamplingParams(
+                temperature=sampling.temperature,
+                max_tokens=sampling.max_tokens,
+                seed=request_seed(sampling.seed, index, turn),
+                ignore_eos=sampling.ignore_eos,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            prompt_tokens += len(prompt_ids)
+            engine.add_request(f"{tag}-{index}-{turn}", {"prompt_token_ids": prompt_ids}, params)
+
+        before = self.counters()
+        start = time.perf_counter()
+        for index, prompt_ids in enumerate(first_prompts):
+            add(index, prompt_ids)
+        while engine.has_unfinished_requests():
+            steps += 1
+            for output in engine.step():
+                if not output.finished:
+                    continue
+                _, index, _ = output.request_id.rsplit("-", 2)
+                index = int(index)
+                completion = output.outputs[0]
+                output_tokens += len(completion.token_ids)
+                answers[index].append(completion.text)
+                messages[index].append({"role": "assistant", "content": completion.text})
+                done = len(answers[index])
+                if done < len(turns[index]):
+                    messages[index].append({"role": "user", "content": turns[index][done]})
+                    add(index, render(messages[index]))
+        wall_s = time.perf_counter() - start
+        counters = self.counters() - before
+        return BatchResult(answers, output_tokens, prompt_tokens, wall_s, counters, steps)
+
+    def stage_timer(self) -> "StageTimer":
+        return StageTimer(self._llm())
+
+    def _llm(self) -> LLM:
+        if self.llm is None:
+            raise RuntimeError("OfflineEngine is used outside its `with` block")
+        return self.llm
+
+    def _engine(self):
+        return self._llm().llm_engine
+
+
+@contextmanager
+def _liliprop_env(options: dict | None):
+    old = os.environ.get(ENV_VAR)
+    if options is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        os.environ[ENV_VAR] = json.dumps(options)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = old
+
+
+# Stage names, in the order of a step. "step wall" is the whole step (plots draws it as a total).
+TARGET_VERIFY = "target verify"
+DRAFT_BACKBONE = "draft backbone"
+LM_HEAD = "LM head"
+SPECULATIVE_HEAD = "speculative head"
+ACCEPT = "accept"
+STEP_WALL = "step wall"
+STAGES = (TARGET_VERIFY, DRAFT_BACKBONE, LM_HEAD, SPECULATIVE_HEAD, ACCEPT, STEP_WALL)
+
+
+@dataclass
+class StageTimes:
+    seconds: dict[str, float] = field(default_factory=dict)  # raw per-method totals
+    steps: int = 0  # model-runner steps (execute_model calls) timed
+
+    def per_step_ms(self) -> dict[str, float]:
+        """Milliseconds per step of each stage that ran (drafting stages only with a drafter).
+
+        target verify    runner.execute_model: input preparation, target forward over the verified
+                         tokens, target logits;
+        accept           runner._sample: sampling / rejection sampling of the drafts;
+        draft backbone   drafter.propose minus drafter._sample_draft_tokens: draft inputs and the
+                         draft model forward;
+        LM head          drafter.model.compute_logits: the draft's vocabulary projection, wherever
+                         it is called (by the rule too);
+        speculative head drafter._sample_draft_tokens minus LM head: turning draft states into
+                         tokens (argmax for DFlash, the lattice / DeLS rule otherwise);
+        step wall        runner.execute_model + runner.sample_tokens: the whole step.
+        """
+        s = self.seconds
+        if not self.steps:
+            return {}
+        stages = {TARGET_VERIFY: s.get("execute_model", 0.0), ACCEPT: s.get("_sample", 0.0)}
+        if s.get("propose", 0.0) > 0.0:
+            head_and_lm = s.get("_sample_draft_tokens", 0.0)
+            stages[DRAFT_BACKBONE] = s["propose"] - head_and_lm
+            stages[LM_HEAD] = s.get("compute_logits", 0.0)
+            stages[SPECULATIVE_HEAD] = max(head_and_lm - stages[LM_HEAD], 0.0)
+        stages[STEP_WALL] = s.get("execute_model", 0.0) + s.get("sample_tokens", 0.0)
+        return {name: 1000.0 * stages[name] / self.steps for name in STAGES if name in stages}
+
+
+_ABSENT = object()
+
+
+class StageTimer:
+    """Time stages of each step by wrapping methods of the in-process runner and drafter.
+
+    Use as a context manager around one batch; the wrappers are removed on exit. On a GPU each
+    wrapper synchronizes before and after its call, so timed steps lose their CPU/GPU overlap:
+    take stage rows from their own batch, never throughput. Needs the in-process engine.
+    """
+
+    def __init__(self, llm: LLM):
+        try:
+            self.runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        except AttributeError:
+            raise RuntimeError(
+                "stage timing needs the in-process engine: set VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            ) from None
+        self.drafter = getattr(self.runner, "drafter", None)
+        device = getattr(self.runner, "device", torch.device("cpu"))
+        self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+        self.times = StageTimes()
+        self._installed: list[tuple[object, str, object]] = []
+
+    def __enter__(self) -> StageTimes:
+        for name in ("execute_model", "sample_tokens", "_sample"):
+            self._wrap(self.runner, name, count_steps=name == "execute_model")
+        if self.drafter is not None:
+            for name in ("propose", "_sample_draft_tokens"):  # n-gram drafters lack the second
+                if hasattr(self.drafter, name):
+                    self._wrap(self.drafter, name)
+            model = getattr(self.drafter, "model", None)
+            if model is not None and hasattr(model, "compute_logits"):
+                self._wrap(model, "compute_logits")
+        return self.times
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, previous in reversed(self._installed):
+            if previous is _ABSENT:
+                owner.__dict__.pop(name, None)  # the class method shows through again
+            else:
+                owner.__dict__[name] = previous
+        self._installed.clear()
+
+    def _wrap(self, owner: object, name: str, count_steps: bool = False) -> None:
+        original = getattr(owner, name)
+        times, sync = self.times, self._sync
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            if sync is not None:
+                sync()
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if sync is not None:
+                    sync()
+                times.seconds[name] = times.seconds.get(name, 0.0) + time.perf_counter() - start
+                if count_steps:
+                    times.steps += 1
+
+        self._installed.append((owner, name, owner.__dict__.get(name, _ABSENT)))
+        owner.__dict__[name] = timed
