@@ -139,3 +139,30 @@ def test_broken_draft_config_fails_at_load_naming_the_field(tiny_models, name, e
         chain.append(str(exc))
         exc = exc.__cause__ or exc.__context__
     assert any(message in text for text in chain), chain
+
+
+def test_cpu_expand_kernel_replacement_keeps_dtype_and_values():
+    import torch
+
+    from vllm_liliprop.vllm.patching import expand_kernel_cpu
+
+    temps = torch.tensor([0.7, -1.0, 1.3])
+    out = torch.full((6,), float("nan"))
+    expand_kernel_cpu(out, temps, torch.tensor([2, 5, 6], dtype=torch.int32), -1.0, 1)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
+    ints = torch.zeros(3, dtype=torch.int64)
+    expand_kernel_cpu(ints, torch.tensor([4, 0]), torch.tensor([1, 3]), 0, 9)
+    assert ints.tolist() == [4, 9, 9]
+
+
+def test_cpu_expand_kernel_patch_is_registered():
+    from vllm.triton_utils.dispatcher import _registry
+    from vllm.utils import cpu_triton_utils
+
+    from vllm_liliprop.vllm import plugin
+    from vllm_liliprop.vllm.patching import expand_kernel_cpu
+
+    plugin.register()
+    assert cpu_triton_utils._expand_kernel_impl is expand_kernel_cpu
+    name = "vllm.v1.sample.rejection_sampler.expand_kernel"
+    assert name not in _registry or _registry[name][1] is expand_kernel_cpu

@@ -1,13 +1,18 @@
 """Every change this package makes to vLLM, in one place.
 
-Three patches, each logged once and safe to apply twice:
+Four patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
    ("DFlash candidate-head drafts");
 3. a draft served by this package makes vLLM pick the V1 runner; if the user forces V2
    (VLLM_USE_V2_MODEL_RUNNER=1) the engine stops with a message saying how to fix it. A plain
-   LiLiCorr checkpoint with V2 forced is left to upstream's V2 speculator.
+   LiLiCorr checkpoint with V2 forced is left to upstream's V2 speculator;
+4. CPU only: vLLM 0.32's C++ stand-in for the rejection sampler's `expand_kernel` casts its
+   float output to an int64 copy and writes there, so the per-token temperatures that scale the
+   target logits during verification stay uninitialised memory (and 0.7 becomes 0). Speculative
+   sampling at T > 0 then drifts far from the target distribution (tests/test_sampling_vllm.py
+   shows it with stock DFlash). The replacement expands in torch, in the output's dtype.
 """
 
 from __future__ import annotations
@@ -86,6 +91,19 @@ def _wrap_candidate_draft(original: Callable) -> Callable:
     return _is_dflash_candidate_draft
 
 
+def expand_kernel_cpu(output, input_val, cu_num_tokens, replace_from, replace_to,
+                      MAX_NUM_TOKENS=None):
+    """output[cu[i-1]:cu[i]] = input[i], with replace_from mapped to replace_to (vLLM's
+    `expand_kernel` contract), for any dtype."""
+    import torch
+
+    values = torch.where(input_val == replace_from,
+                         torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.shape[0]].copy_(expanded.to(output.dtype))
+
+
 def apply_patches() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.worker import gpu_model_runner
@@ -93,6 +111,7 @@ def apply_patches() -> None:
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
+    _patch_cpu_expand_kernel()
     for name, wrap in (
         ("_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
         ("_is_dflash_candidate_draft", _wrap_candidate_draft),
@@ -100,3 +119,19 @@ def apply_patches() -> None:
         current = VllmConfig.__dict__[name]
         if getattr(current, _MARK, None) is None:
             _replace(VllmConfig, name, wrap(current))
+
+
+def _patch_cpu_expand_kernel() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.triton_utils.dispatcher import _registry, register_kernels
+    from vllm.utils import cpu_triton_utils
+
+    # The platform reads this attribute whenever it (re)registers its kernel overrides...
+    _replace(cpu_triton_utils, "_expand_kernel_impl", expand_kernel_cpu)
+    # ...and may already have registered the broken one in this process.
+    name = "vllm.v1.sample.rejection_sampler.expand_kernel"
+    if name in _registry and _registry[name][1] is not expand_kernel_cpu:
+        register_kernels({name: expand_kernel_cpu})
