@@ -34,7 +34,7 @@ def test_greedy_speculation_equals_plain_decoding(stock):
 
 
 def simulate_repeat_anchor(outputs, k):
-    return predictcounters_list(outputs, lambda ys, p: [ys[p]] * k, k)
+    return predict_counters(outputs, lambda ys, p: [ys[p]] * k, k)
 
 
 def test_custom_policy_controls_drafts_and_output_stays_exact(tiny_models, stock):
