@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
+source scripts/env.sh
 exec .venv/bin/python -m vllm_liliprop.vllm.demo "$@"

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
+source scripts/env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 rc=0
 .venv/bin/python -m pytest -p no:cacheprovider "$@" || rc=$?
