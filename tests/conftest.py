@@ -52,3 +52,14 @@ def stock(tiny_models):
     with_spec = run_in_subprocess(STOCK_RUN, dict(env, SPEC=json.dumps(spec)))
     plain = run_in_subprocess(STOCK_RUN, dict(env, SPEC="null"))
     return {"dflash": with_spec, "plain": plain}
+
+
+@pytest.fixture(scope="session")
+def ranked(stock):
+    """Candidates of the constant drafters: a token never in the plain outputs first, the most
+    common output token second, two more unseen tokens after."""
+    from tests.engine import most_common_token, unused_tokens
+
+    plain = stock["plain"]["ids"]
+    z0, z1, z2 = unused_tokens(plain, 1024, 3)
+    return [z0, most_common_token(plain), z1, z2]

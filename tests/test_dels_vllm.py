@@ -14,22 +14,13 @@ from tests.builders import (
 from tests.engine import (
     counters_list,
     generate,
-    most_common_token,
     plain32,
     predict_counters,
-    unused_tokens,
 )
 from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
 
 pytestmark = pytest.mark.vllm
 K = 7
-
-
-@pytest.fixture(scope="module")
-def ranked(stock):
-    plain = stock["plain"]["ids"]
-    z0, z1, z2 = unused_tokens(plain, 1024, 3)
-    return [z0, most_common_token(plain), z1, z2]
 
 
 @pytest.fixture(scope="module")

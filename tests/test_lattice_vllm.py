@@ -6,10 +6,8 @@ from tests.builders import build_constant_dflash, build_rank_preferring_lilicorr
 from tests.engine import (
     counters_list,
     generate,
-    most_common_token,
     plain32,
     predict_counters,
-    unused_tokens,
 )
 from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
 
@@ -30,14 +28,6 @@ def test_lattice_greedy_output_equals_plain_decoding(tiny_models, stock, random_
     assert drafter.num_rule_faults == 0
     assert counters.num_drafts > 0
     assert ids == plain32(stock)
-
-
-@pytest.fixture(scope="module")
-def ranked(tiny_models, stock):
-    """Constant drafter candidates: never-seen token first, the most common output token second."""
-    plain = stock["plain"]["ids"]
-    z0, z1, z2 = unused_tokens(plain, 1024, 3)
-    return [z0, most_common_token(plain), z1, z2]
 
 
 @pytest.mark.parametrize("walk", ["greedy", "viterbi"])
