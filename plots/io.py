@@ -1,7 +1,8 @@
 """Load eval's results table (parquet or CSV) and check it can be plotted.
 
 The schema lives in eval/schema.py; plots only reads the columns listed in
-REQUIRED_COLUMNS, so provenance columns may be absent without harm.
+REQUIRED_COLUMNS, so provenance columns may be absent without harm. Plots reads result files
+and imports nothing from eval (tests/test_layering.py keeps the two column lists in step).
 """
 
 import json
@@ -11,10 +12,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval.schema import KEY_COLUMNS
-
-# Every column some figure or table reads.
-REQUIRED_COLUMNS = KEY_COLUMNS + [
+# Every column some figure or table reads: eval's key columns, then the metrics.
+REQUIRED_COLUMNS = [
+    "kind",
+    "system",
+    "benchmark",
+    "category",
+    "temperature",
+    "concurrency",
+    "input_len",
+    "seed",
+    "dels_alpha",
+    "dels_beta",
+    "stage",
     "tau",
     "accept_per_pos",
     "tokens_per_s",

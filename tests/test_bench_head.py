@@ -1,4 +1,4 @@
-"""The draft-rule cost benchmark, python -m vllm_liliprop.bench.head: a quick CPU run end to end."""
+"""The draft-rule cost benchmark, python -m eval.head_bench: a quick CPU run end to end."""
 
 import math
 import os
@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from vllm_liliprop.bench.head import COLUMNS, DRAFTER_PIECE, PIECES, PRESETS, BenchConfig
+from eval.head_bench import COLUMNS, DRAFTER_PIECE, PIECES, PRESETS, BenchConfig
 
 # The pieces the benchmark exists to compare; PIECES may grow, these must stay.
 REQUIRED_PIECES = {
@@ -28,7 +28,7 @@ def _run(args, timeout=120):
 def test_quick_run_times_every_piece_relative_to_the_drafter(tmp_path):
     csv = tmp_path / "head.csv"
     # -X importtime lists every imported module on stderr: the benchmark is plain torch.
-    bench = ["-m", "vllm_liliprop.bench.head", "--quick", "--csv", str(csv)]
+    bench = ["-m", "eval.head_bench", "--quick", "--csv", str(csv)]
     done = _run(["-X", "importtime", *bench])
     assert done.returncode == 0, done.stderr[-3000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
@@ -65,7 +65,7 @@ def test_bad_config_names_the_field(field, value):
 
 
 def test_cli_reports_bad_sizes_as_usage_errors(capsys):
-    from vllm_liliprop.bench.head import main
+    from eval.head_bench import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--quick", "--hidden", "100"])

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_liliprop.heads.dels import MarkovShortHead, dels_fuse
+from vllm_liliprop.kernels import dels_argmax
 
 LATTICE_DELS_WALKS = ("greedy", "viterbi")
 
@@ -105,7 +106,8 @@ def _check_draft_inputs(long_logits, anchor_ids, head, log_prior) -> tuple[int, 
 
 
 def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick):
-    """Shared slot loop. pick(slot, fused [B, V] fp32) -> committed ids [B]."""
+    """Shared slot loop. pick(slot, long [B, V], short [B, V] raw short-head logits or None for
+    a pure-draft slot, alpha_s, beta_s) -> committed ids [B]."""
     _check_prefix_len(pure_draft_prefix_len)
     batch, num_slots, _ = _check_draft_inputs(long_logits, anchor_ids, head, log_prior)
     device = long_logits.device
@@ -116,12 +118,8 @@ def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_pre
     if pure_draft_prefix_len == 0:
         state = head.advance(anchor_ids, state)
     for slot in range(num_slots):
-        if slot < pure_draft_prefix_len:
-            fused = long_logits[:, slot].float()
-        else:
-            fused = dels_fuse(long_logits[:, slot], head.logits_from_state(state), log_prior,
-                              alphas[slot], betas[slot])
-        draft_ids[:, slot] = pick(slot, fused)
+        short_logits = None if slot < pure_draft_prefix_len else head.logits_from_state(state)
+        draft_ids[:, slot] = pick(slot, long_logits[:, slot], short_logits, alphas[slot], betas[slot])
         if slot + 1 < num_slots:
             state = head.advance(draft_ids[:, slot], state)
     return draft_ids
@@ -135,9 +133,15 @@ def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_pr
     long_logits [B, S, V] float, anchor_ids [B] int, head: GRUShortHead or MarkovShortHead,
     log_prior [V], alpha/beta: number or per-slot [S]. Returns int64 [B, S].
     Slots are committed left to right; alpha = beta = 0 gives exactly long_logits.argmax(-1).
+    Each slot's fused argmax goes through the kernel dispatcher: one fused Triton pass over
+    the vocabulary on CUDA (no [B, V] fused tensor), dels_fuse(...).argmax on CPU.
     """
-    return _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len,
-                  pick=lambda slot, fused: fused.argmax(dim=-1))
+    def pick(slot, long, short, alpha_s, beta_s):
+        if short is None:
+            return long.argmax(dim=-1)
+        return dels_argmax(long, short, log_prior, alpha_s, beta_s)
+
+    return _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick)
 
 
 @torch.no_grad()
@@ -165,7 +169,8 @@ def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head
     safe_temperature = torch.where(greedy, 1.0, temperature)[:, None]
     probs = torch.empty(batch, num_slots, vocab_size, dtype=torch.float32, device=device)
 
-    def pick(slot: int, fused: torch.Tensor) -> torch.Tensor:
+    def pick(slot, long, short, alpha_s, beta_s) -> torch.Tensor:
+        fused = long.float() if short is None else dels_fuse(long, short, log_prior, alpha_s, beta_s)
         one_hot = F.one_hot(fused.argmax(dim=-1), vocab_size).float()
         slot_probs = torch.softmax(fused.float() / safe_temperature, dim=-1)
         probs[:, slot] = torch.where(greedy[:, None], one_hot, slot_probs)

@@ -33,6 +33,8 @@ Tools: `python -m vllm_liliprop.kernels.bench` (Triton vs torch eager vs torch.c
 selector walk), `python -m vllm_liliprop.kernels.device_check` (GPU correctness, sync-free and
 CUDA-graph capture checks), `python -m vllm_liliprop.kernels.cross_compile` (sm_90 build without
 a GPU). Tests: tests/kernels (interpreted), run from tests/test_kernels_interpreted.py.
+On a GPU machine without vLLM: `python -m vllm_liliprop.kernels.upstream_walk export DIR` here,
+carry DIR there, and pass `--upstream-walk DIR` to the bench.
 
 Layouts a kernel does not implement (dels_fuse's [.., S, V] per-slot schedules, broadcast short
 logits, fp64 logits, Viterbi lattices too large for its register table) run the torch

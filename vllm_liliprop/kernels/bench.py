@@ -6,7 +6,8 @@
 Every column of a row is measured in the same process on the same inputs, after warm-up, as
 the median of per-call CUDA-event times (wall-clock on CPU). Ratios are reference time /
 Triton time, so > 1 means the kernel is faster. The greedy walk is also timed against vLLM's
-in-tree `_selector_walk_kernel` (DFlash2 / LiLiCorr candidate walk) when vllm is importable.
+in-tree `_selector_walk_kernel` (DFlash2 / LiLiCorr candidate walk), copied out of vLLM's
+source by kernels/upstream_walk.py (no vLLM import; `--upstream-walk DIR` where vLLM is absent).
 
 Problem sizes follow one draft block: B requests, S = 15 drafted slots, K candidates, D-dim
 LiLiCorr vectors; the vocabulary-wide kernels see N = B * S rows of V logits.
@@ -20,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -103,55 +105,22 @@ def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> lis
     ]
 
 
-def _vllm_selector_walk():
-    """vLLM's greedy candidate walk as fn(start, pairs) -> tokens [B, S], or None.
+def _vllm_selector_walk(source_dir: Path | None):
+    """vLLM's greedy candidate walk as fn(start, pairs) -> path [B, S], or None (see
+    kernels/upstream_walk.py). From `source_dir` if given, else copied out of the installed
+    vLLM (never imported: the bench runs where there is no vLLM)."""
+    import tempfile
 
-    vLLM's kernel reads a [B, S, K, K] score tensor whose step 0 uses row 0 (no previous
-    pick), so start goes to scores[:, 0, 0] and pairs to scores[:, 1:]; candidate ids are
-    0..K-1, which makes its tokens directly comparable with our paths.
-    """
+    from vllm_liliprop.kernels import upstream_walk
+
     try:
-        import triton
-        from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import _selector_walk_kernel
-    except Exception as error:  # vllm missing, or built without this kernel
-        print(f"  (vLLM selector walk unavailable: {type(error).__name__}: {error})")
+        if source_dir is None:
+            source_dir = upstream_walk.export(Path(tempfile.mkdtemp(prefix="upstream_walk_")))
+        return upstream_walk.greedy_walk_fn(upstream_walk.load_kernel(source_dir))
+    except (OSError, ValueError) as error:
+        print(f"  (vLLM selector walk unavailable: {error}; on a machine without vLLM pass "
+              "--upstream-walk DIR from `python -m vllm_liliprop.kernels.upstream_walk export DIR`)")
         return None
-
-    buffers = {}
-
-    def prepare(start, pairs):
-        batch, k = start.shape
-        num_slots = pairs.shape[1] + 1
-        device = start.device
-        scores = torch.zeros(batch, num_slots, k, k, dtype=torch.float32, device=device)
-        scores[:, 0, 0] = start
-        scores[:, 1:] = pairs
-        buffers[batch] = dict(
-            scores=scores,
-            candidates=torch.arange(k, device=device).expand(batch, num_slots, k).contiguous(),
-            sample_pos=torch.ones(batch * num_slots, dtype=torch.int64, device=device),
-            idx_mapping=torch.arange(batch, dtype=torch.int32, device=device).repeat_interleave(num_slots),
-            temperature=torch.zeros(batch, dtype=torch.float32, device=device),
-            seeds=torch.zeros(batch, dtype=torch.int64, device=device),
-            tokens=torch.empty(batch * num_slots, dtype=torch.int64, device=device),
-            realized=torch.empty(batch, num_slots, k, dtype=torch.float32, device=device),
-        )
-
-    def walk(start, pairs):
-        batch, k = start.shape
-        num_slots = pairs.shape[1] + 1
-        if batch not in buffers:
-            prepare(start, pairs)
-        buf = buffers[batch]
-        _selector_walk_kernel[(batch,)](
-            buf["scores"], buf["candidates"], buf["sample_pos"], buf["idx_mapping"],
-            buf["temperature"], buf["seeds"], buf["tokens"], buf["realized"],
-            num_steps=num_slots, top_k=k, BLOCK_K=triton.next_power_of_2(k),
-            SAMPLE_PROBABILISTIC=False, USE_FP64=False, num_warps=1,
-        )
-        return buf["tokens"].view(batch, num_slots)
-
-    return walk
 
 
 def _format(ms: float | None) -> str:
@@ -181,7 +150,7 @@ def run(args) -> None:
           f"warmup={args.warmup} iters={args.iters}; times in ms (median), ratios = reference / Triton")
 
     cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, args.dim, use_triton)
-    selector_walk = _vllm_selector_walk() if use_triton else None
+    selector_walk = _vllm_selector_walk(args.upstream_walk) if use_triton else None
     for case in cases:
         print(f"\n{case.name}")
         header = "  batch  triton    eager  compiled  eager/triton  compiled/triton"
@@ -223,6 +192,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    parser.add_argument("--upstream-walk", type=Path, default=None,
+                        help="folder from `python -m vllm_liliprop.kernels.upstream_walk export` "
+                             "(default: copy it from the installed vLLM)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.batches = args.batches or ([1, 8] if quick else [1, 8, 32, 64])

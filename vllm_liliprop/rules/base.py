@@ -46,8 +46,12 @@ class DraftOutput:
     # [B, S, V] fp32 distributions the drafts were sampled from, or None for deterministic drafts.
     probs: torch.Tensor | None = None
     # [B] bool: rows whose scores were unusable (NaN/Inf); the proposer replaces them with the
-    # drafter's argmax. None means every row is fine.
+    # drafter's argmax. None means every row is fine. The replacement happens on the device
+    # whether or not a row is flagged (see rules/fallback.py), so this costs no host sync.
     faulty_rows: torch.Tensor | None = None
+    # [B, S] int64: the drafter's argmax, when the rule already has it (its top-1 candidates);
+    # saves the proposer recomputing it for the faulty-row replacement.
+    fallback_ids: torch.Tensor | None = None
 
 
 class DraftRule(Protocol):

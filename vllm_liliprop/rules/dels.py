@@ -50,13 +50,21 @@ def load_dels(options: LiliPropOptions, resources):
     return head.eval(), prior.log_probs, weights["alpha"], weights["beta"], config.pure_draft_prefix_len
 
 
+def device_schedule(weights, log_prior: torch.Tensor) -> torch.Tensor:
+    """Per-slot weights as fp32 [S] on the prior's device, built once at load: a Python list
+    turned into a device tensor on every draft step would be a pageable host-to-device copy,
+    which waits for the device."""
+    return torch.as_tensor(weights, dtype=torch.float32).reshape(-1).to(log_prior.device)
+
+
 class DelsRule:
     needs_anchor_hidden = False
 
     def __init__(self, head, log_prior, alpha, beta, pure_draft_prefix_len=0,
                  sampling="deterministic"):
         self.head, self.log_prior = head, log_prior
-        self.alpha, self.beta = alpha, beta
+        self.alpha = device_schedule(alpha, log_prior)
+        self.beta = device_schedule(beta, log_prior)
         self.pure_draft_prefix_len = pure_draft_prefix_len
         self.sampling = sampling
         self.name = "dels" + ("-sampled" if sampling == "probabilistic" else "")
@@ -78,7 +86,7 @@ class DelsRule:
                 temperature, pure_draft_prefix_len=self.pure_draft_prefix_len,
             )
             faulty = ~torch.isfinite(probs).flatten(1).all(-1)
-            return DraftOutput(ids, probs, faulty)
+            return DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1))
         ids = dels_draft(long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
                          pure_draft_prefix_len=self.pure_draft_prefix_len)
         return DraftOutput(ids)

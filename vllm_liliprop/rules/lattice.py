@@ -22,6 +22,10 @@ class Lattice:
     start: torch.Tensor  # [B, K] fp32
     pairs: torch.Tensor  # [B, S-1, K, K] fp32
 
+    def top1_ids(self) -> torch.Tensor:
+        """[B, S]: each slot's best candidate, i.e. the drafter's argmax (ties to the lowest id)."""
+        return self.candidate_ids[..., 0]
+
     def faulty_rows(self) -> torch.Tensor:
         finite = torch.isfinite(self.start).all(-1)
         if self.pairs.shape[1]:
@@ -108,4 +112,4 @@ class LatticeRule:
         else:
             index = greedy_walk(start, pairs)
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, probs, lattice.faulty_rows())
+        return DraftOutput(token_ids, probs, lattice.faulty_rows(), lattice.top1_ids())

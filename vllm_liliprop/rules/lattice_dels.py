@@ -18,7 +18,7 @@ from vllm_liliprop.heads.dels_rules import (
 )
 from vllm_liliprop.options import LiliPropOptions, OptionError
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.rules.dels import load_dels
+from vllm_liliprop.rules.dels import device_schedule, load_dels
 from vllm_liliprop.rules.lattice import LatticeRule, load_lattice_head
 
 
@@ -27,7 +27,9 @@ class LatticeDelsRule(LatticeRule):
                  walk="greedy", sampling="deterministic"):
         super().__init__(head, vocab_size, walk, sampling)
         self.short_head, self.log_prior = short_head, log_prior
-        self.alpha, self.beta, self.prefix_len = alpha, beta, prefix_len
+        self.alpha = device_schedule(alpha, log_prior)
+        self.beta = device_schedule(beta, log_prior)
+        self.prefix_len = prefix_len
         self.name = "lattice+dels-" + self.name.removeprefix("lattice-")
 
     @classmethod
@@ -65,4 +67,4 @@ class LatticeDelsRule(LatticeRule):
             self.short_head, self.log_prior, alpha, beta, pure_draft_prefix_len=self.prefix_len,
         )
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, None, lattice.faulty_rows())
+        return DraftOutput(token_ids, None, lattice.faulty_rows(), lattice.top1_ids())

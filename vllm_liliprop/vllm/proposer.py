@@ -5,6 +5,8 @@ Only three things differ from `DFlashProposer`:
 - `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
   the target state at the last verified position (the LiLiCorr anchor);
 - `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
+  Rows the rule could not score get the drafter's argmax on the device (rules/fallback.py):
+  the step reads nothing back to the host.
 With no options (a plain DFlash checkpoint, no environment override) the rule is None and every
 method is the parent's, so drafts are exactly vLLM's.
 """
@@ -20,7 +22,8 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.options import resolve_options
-from vllm_liliprop.rules import DraftInputs, argmax_drafts, one_hot_probs
+from vllm_liliprop.rules import DraftInputs, argmax_drafts
+from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 
 logger = init_logger("vllm.liliprop.proposer")
@@ -57,7 +60,10 @@ class LiliPropProposer(DFlashProposer):
             getattr(spec, "draft_sample_method", None),
         )
         self.draft_rule = None
-        self.num_rule_faults = 0
+        self.num_rule_faults_raised = 0
+        self._faulty_rows = FaultCounter(
+            lambda count: self._warn_fault(f"produced non-finite scores for {count} request(s)")
+        )
         self._anchor_ids: torch.Tensor | None = None
         self._anchor_hidden: torch.Tensor | None = None
         self._anchor_valid: torch.Tensor | None = None
@@ -170,40 +176,28 @@ class LiliPropProposer(DFlashProposer):
         )
         try:
             output = self.draft_rule.propose(inputs)
-            token_ids, probs = self._repair_faulty_rows(inputs, output)
+            token_ids, probs = apply_fallback(inputs, output)
         except Exception:  # a head must never take the engine down or change the output
-            self._count_fault(batch, "raised", exc_info=True)
+            if self.num_rule_faults_raised == 0:
+                self._warn_fault("raised", exc_info=True)
+            self.num_rule_faults_raised += batch
             return argmax_drafts(inputs).view(-1), None
+        if output.faulty_rows is not None:
+            self._faulty_rows.add(output.faulty_rows)
         if probs is not None:
             probs = probs.reshape(-1, probs.shape[-1])
         return token_ids.reshape(-1), probs
 
-    def _repair_faulty_rows(self, inputs: DraftInputs, output):
-        expected = (inputs.batch_size, inputs.num_slots)
-        if tuple(output.token_ids.shape) != expected:
-            raise ValueError(f"rule returned drafts of shape {tuple(output.token_ids.shape)}, expected {expected}")
-        token_ids, probs = output.token_ids, output.probs
-        if output.faulty_rows is None:
-            return token_ids, probs
-        faulty = output.faulty_rows
-        if not bool(faulty.any()):
-            return token_ids, probs
-        self._count_fault(int(faulty.sum()), "produced non-finite scores")
-        fallback = argmax_drafts(inputs)
-        token_ids = torch.where(faulty[:, None], fallback, token_ids)
-        if probs is not None:
-            probs = torch.where(
-                faulty[:, None, None], one_hot_probs(fallback, probs.shape[-1]), probs
-            )
-        return token_ids, probs
+    @property
+    def num_rule_faults(self) -> int:
+        """Rows drafted by the fallback so far. Reads a device counter: not for the hot path."""
+        return self.num_rule_faults_raised + self._faulty_rows.total
 
-    def _count_fault(self, num_rows: int, what: str, exc_info: bool = False) -> None:
-        if self.num_rule_faults == 0:
-            logger.warning(
-                "vllm-liliprop draft rule %s %s; falling back to the drafter's argmax for the "
-                "affected requests (logged once; see LiliPropProposer.num_rule_faults).",
-                self.draft_rule.name,
-                what,
-                exc_info=exc_info,
-            )
-        self.num_rule_faults += num_rows
+    def _warn_fault(self, what: str, exc_info: bool = False) -> None:
+        logger.warning(
+            "vllm-liliprop draft rule %s %s; falling back to the drafter's argmax for the "
+            "affected requests (logged once per kind; see LiliPropProposer.num_rule_faults).",
+            self.draft_rule.name,
+            what,
+            exc_info=exc_info,
+        )

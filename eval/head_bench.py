@@ -1,8 +1,8 @@
 """Per-block cost of the draft rules' pieces, as ratios to the drafter forward.
 
-    python -m vllm_liliprop.bench.head                     # preset from the device (gpu / cpu)
-    python -m vllm_liliprop.bench.head --preset cpu --csv head.csv
-    python -m vllm_liliprop.bench.head --quick             # tiny shapes, seconds on a CPU
+    python -m eval.head_bench                     # preset from the device (gpu / cpu)
+    python -m eval.head_bench --preset cpu --csv head.csv
+    python -m eval.head_bench --quick             # tiny shapes, seconds on a CPU
 
 One draft block of B requests: block size 16 (anchor + S = 15 drafted slots), K = 8 lattice
 candidates per slot, vocabulary V, drafter width H. Every piece runs on the outputs of one real
@@ -34,7 +34,8 @@ hidden size (1024 in training/recipes/dels_gru_qwen3_8b.json). The drafter follo
 proportions: head_dim 128 (H / 4 below H = 1024), H / head_dim query heads, a quarter as many
 KV heads, MLP width 3 H, five fused target layers.
 
-Plain torch: nothing here imports vllm.
+Plain torch: nothing here imports vllm. It lives in eval/ (not the runtime package) because
+its stand-in drafter is training's.
 """
 
 from __future__ import annotations

@@ -1,0 +1,96 @@
+"""The one-way layers, checked on the source: runtime < training < eval, plots reads files.
+
+- vllm_liliprop/ (outside vllm_liliprop/vllm/) imports neither vllm nor training/eval/plots;
+- training/ imports vllm (or the plugin's vllm layer) only inside functions, where it drives
+  generation, and never eval or plots;
+- plots/ imports none of vllm, vllm_liliprop, training or eval: it reads result files;
+- every vllm import of the runtime sits in vllm_liliprop/vllm/.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(path: Path):
+    """(module name, line, at module level) for every import in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            yield name, node.lineno, id(node) in top_level
+
+
+def _root(name: str) -> str:
+    if name == "vllm_liliprop.vllm" or name.startswith("vllm_liliprop.vllm."):
+        return "vllm"  # the plugin's vLLM layer counts as vLLM
+    return name.split(".")[0]
+
+
+def _violations(folder: str, forbidden: set[str], allow_in_functions: set[str] = frozenset(),
+                skip: str | None = None) -> list[str]:
+    found = []
+    for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+        relative = path.relative_to(REPO_ROOT)
+        if skip and str(relative).startswith(skip):
+            continue
+        for name, line, top_level in _imports(path):
+            root = _root(name)
+            if root in forbidden and not (root in allow_in_functions and not top_level):
+                found.append(f"{relative}:{line} imports {name}")
+    return found
+
+
+def test_runtime_imports_no_vllm_outside_its_vllm_layer_and_no_upper_layer():
+    assert _violations("vllm_liliprop", {"vllm", "training", "eval", "plots"},
+                       skip="vllm_liliprop/vllm/") == []
+
+
+def test_training_imports_vllm_only_where_it_drives_generation():
+    assert _violations("training", {"vllm", "eval", "plots"}, allow_in_functions={"vllm"}) == []
+
+
+def test_plots_read_result_files_only():
+    assert _violations("plots", {"vllm", "vllm_liliprop", "training", "eval"}) == []
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("import os\n\ndef f():\n    from vllm.config import X\n")
+    (package / "b.py").write_text("from vllm_liliprop.vllm.metrics import SpecDecodeCounters\n")
+    monkeypatch.setattr(f"{__name__}.REPO_ROOT", tmp_path)
+    assert _violations("pkg", {"vllm"}) == ["pkg/a.py:4 imports vllm.config",
+                                            "pkg/b.py:1 imports vllm_liliprop.vllm.metrics"]
+    assert _violations("pkg", {"vllm"}, allow_in_functions={"vllm"}) == [
+        "pkg/b.py:1 imports vllm_liliprop.vllm.metrics"]
+
+
+def test_plots_columns_are_columns_eval_writes():
+    from eval.schema import ALL_COLUMNS, KEY_COLUMNS
+    from plots.io import REQUIRED_COLUMNS
+
+    assert set(KEY_COLUMNS) <= set(REQUIRED_COLUMNS)
+    assert set(REQUIRED_COLUMNS) <= set(ALL_COLUMNS)
+
+
+@pytest.mark.parametrize("module", ["vllm_liliprop.heads.lattice", "vllm_liliprop.walks",
+                                    "vllm_liliprop.rules.lattice_dels", "vllm_liliprop.kernels.bench"])
+def test_runtime_modules_import_without_vllm_at_run_time(module):
+    """The source check above, confirmed by importing in a clean interpreter."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; assert 'vllm' not in sys.modules, 'vllm was imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,0 +1,95 @@
+"""What the proposer does with rows a rule could not score, without a host synchronization.
+
+A rule flags rows whose scores were unusable (`DraftOutput.faulty_rows`); those rows get the
+drafter's own argmax instead. The draft step runs once per engine step, so neither the
+replacement nor the bookkeeping may read a device value on the host: the replacement is a
+`torch.where` over the whole batch (whether or not any row is flagged), and the fault count
+stays on the device, reaching the host through a non-blocking copy whose completion is polled
+on later steps. The first report logs one warning; `FaultCounter.total` syncs, and is meant for
+tests and end-of-run summaries, not the draft step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, argmax_drafts, one_hot_probs
+
+
+def check_output_shape(inputs: DraftInputs, output: DraftOutput) -> None:
+    expected = (inputs.batch_size, inputs.num_slots)
+    if tuple(output.token_ids.shape) != expected:
+        raise ValueError(
+            f"rule returned drafts of shape {tuple(output.token_ids.shape)}, expected {expected}"
+        )
+
+
+def apply_fallback(inputs: DraftInputs, output: DraftOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(token_ids [B, S], probs [B, S, V] | None) with every faulty row replaced by the drafter's
+    argmax (and its one-hot distribution). Static shapes, no host reads: CUDA-graph friendly.
+
+    Rules that flag rows should also return `fallback_ids` (the lattice rules hand over their
+    top-1 candidates, which are the argmax); otherwise the argmax is recomputed here from the
+    drafter's logits, one extra full-vocabulary projection per step.
+    """
+    check_output_shape(inputs, output)
+    token_ids, probs = output.token_ids, output.probs
+    if output.faulty_rows is None:
+        return token_ids, probs
+    faulty = output.faulty_rows.to(torch.bool)
+    fallback = output.fallback_ids if output.fallback_ids is not None else argmax_drafts(inputs)
+    token_ids = torch.where(faulty[:, None], fallback.to(token_ids.dtype), token_ids)
+    if probs is not None:
+        probs = torch.where(faulty[:, None, None], one_hot_probs(fallback, probs.shape[-1]), probs)
+    return token_ids, probs
+
+
+class FaultCounter:
+    """Number of draft rows that fell back, kept on the device.
+
+    `add(faulty_rows)` never waits for the device. On CUDA the running count is copied to
+    pinned host memory behind an event; a later `add` reads it once the event has completed,
+    so `on_first_fault(count)` fires a step or two after the first fault, never mid-step.
+    """
+
+    def __init__(self, on_first_fault: Callable[[int], None]):
+        self._on_first_fault = on_first_fault
+        self._device_count: torch.Tensor | None = None
+        self._host_copy: torch.Tensor | None = None
+        self._copy_done = None
+        self._reported = False
+
+    def add(self, faulty_rows: torch.Tensor) -> None:
+        if self._device_count is None:
+            self._device_count = torch.zeros((), dtype=torch.int64, device=faulty_rows.device)
+        self._device_count += faulty_rows.sum()
+        self._poll()
+
+    @property
+    def total(self) -> int:
+        """All faults so far. Synchronizes with the device: not for the draft step."""
+        return 0 if self._device_count is None else int(self._device_count)
+
+    def _poll(self) -> None:
+        if self._reported:
+            return
+        if self._device_count.device.type != "cuda":
+            self._report(int(self._device_count))  # host memory: reading it waits for nothing
+            return
+        if self._copy_done is not None:
+            if not self._copy_done.query():
+                return
+            self._report(int(self._host_copy[0]))
+            self._copy_done = None
+        if self._host_copy is None:
+            self._host_copy = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        self._host_copy.copy_(self._device_count.view(1), non_blocking=True)
+        self._copy_done = torch.cuda.Event()
+        self._copy_done.record()
+
+    def _report(self, count: int) -> None:
+        if count > 0 and not self._reported:
+            self._reported = True
+            self._on_first_fault(count)
