@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import torch
 
+# Temperatures below this are greedy: vLLM's sampler threshold, shared by every sampled rule.
+GREEDY_TEMPERATURE = 1e-5
+
 
 def _num_slots(start: torch.Tensor, pairs: torch.Tensor) -> int:
     if start.dim() != 2 or start.shape[1] < 1:

@@ -43,11 +43,9 @@ import torch.nn.functional as F
 
 from vllm_liliprop.heads.dels import MarkovShortHead, dels_fuse
 from vllm_liliprop.kernels import dels_argmax
+from vllm_liliprop.walks import GREEDY_TEMPERATURE
 
 LATTICE_DELS_WALKS = ("greedy", "viterbi")
-
-# Rows with a temperature below this are greedy; the same threshold as vLLM's sampler.
-GREEDY_TEMPERATURE = 1e-5
 
 Schedule = float | Sequence[float] | torch.Tensor
 

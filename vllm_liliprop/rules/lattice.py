@@ -10,10 +10,7 @@ from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.walks import sampled_walk
-
-# vLLM treats temperatures below this as greedy.
-GREEDY_TEMPERATURE = 1e-5
+from vllm_liliprop.walks import GREEDY_TEMPERATURE, sampled_walk
 
 
 @dataclass
