@@ -35,6 +35,7 @@ def test_faulty_rows_get_the_argmax_recomputed_from_the_drafter():
     inputs = _inputs()
     drafts = torch.full((B, S), 5)
     probs = torch.softmax(torch.randn(B, S, V), -1)
+    probs[0, 1] = float("nan")  # what a faulty row may hold
     token_ids, out_probs = apply_fallback(inputs, DraftOutput(drafts, probs, FAULTY))
     argmax = argmax_drafts(inputs)
     assert torch.equal(token_ids[FAULTY], argmax[FAULTY])

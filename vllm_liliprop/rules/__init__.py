@@ -6,7 +6,6 @@ from vllm_liliprop.rules.base import (
     DraftOutput,
     DraftRule,
     argmax_drafts,
-    one_hot_probs,
 )
 
 __all__ = [
@@ -15,5 +14,4 @@ __all__ = [
     "DraftOutput",
     "DraftRule",
     "argmax_drafts",
-    "one_hot_probs",
 ]

@@ -66,12 +66,6 @@ def argmax_drafts(inputs: DraftInputs) -> torch.Tensor:
     return inputs.compute_logits(inputs.hidden.reshape(b * s, h)).argmax(-1).view(b, s)
 
 
-def one_hot_probs(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Distributions of deterministic drafts: exact for rejection sampling."""
-    probs = torch.zeros(*token_ids.shape, vocab_size, dtype=torch.float32, device=token_ids.device)
-    return probs.scatter_(-1, token_ids.unsqueeze(-1), 1.0)
-
-
 class ArgmaxRule:
     """No head: exactly the drafter's argmax (used when only walk/sampling options are set)."""
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput, argmax_drafts, one_hot_probs
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, argmax_drafts
 
 
 def check_output_shape(inputs: DraftInputs, output: DraftOutput) -> None:
@@ -42,7 +42,11 @@ def apply_fallback(inputs: DraftInputs, output: DraftOutput) -> tuple[torch.Tens
     fallback = output.fallback_ids if output.fallback_ids is not None else argmax_drafts(inputs)
     token_ids = torch.where(faulty[:, None], fallback.to(token_ids.dtype), token_ids)
     if probs is not None:
-        probs = torch.where(faulty[:, None, None], one_hot_probs(fallback, probs.shape[-1]), probs)
+        # One pass over [B, S, V]: clear the faulty rows (NaN included), then put their mass on
+        # the fallback token; healthy rows get + 0 there.
+        probs = probs.masked_fill(faulty[:, None, None], 0.0)
+        mass = faulty.to(probs.dtype)[:, None, None].expand(*fallback.shape, 1)
+        probs.scatter_add_(-1, fallback.long().unsqueeze(-1), mass)
     return token_ids, probs
 
 
