@@ -53,6 +53,27 @@ def resolve_device(name: str, env: DistEnv) -> torch.device:
     return torch.device(name)
 
 
+def start_run(recipe: dict[str, Any]) -> tuple[TrainConfig, DistEnv, torch.device]:
+    """What every training recipe starts with: its TrainConfig, the distributed environment and
+    the device, with torch seeded from the config."""
+    train_config = TrainConfig(**recipe["train"])
+    env = DistEnv.from_environment(recipe.get("device", "auto"))
+    device = resolve_device(recipe.get("device", "auto"), env)
+    torch.manual_seed(train_config.seed)
+    return train_config, env, device
+
+
+def load_frozen_target(recipe: dict[str, Any], device: torch.device, target_model=None):
+    """The target (recipe["target"] in recipe["target_dtype"], unless given) on the device, frozen."""
+    if target_model is None:
+        from transformers import AutoModelForCausalLM
+
+        target_model = AutoModelForCausalLM.from_pretrained(
+            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16"))
+        )
+    return target_model.to(device).eval().requires_grad_(False)
+
+
 def build_drafter(spec: dict[str, Any], target_config) -> DFlashDrafter:
     spec = dict(spec)
     init_from = spec.pop("init_from", None)
@@ -114,18 +135,8 @@ def run_draft_training(
     method = recipe.get("method")
     if method not in ("dflash", "lilicorr"):
         raise ValueError(f"recipe method must be 'dflash' or 'lilicorr', got {method!r}")
-    train_config = TrainConfig(**recipe["train"])
-    env = DistEnv.from_environment(recipe.get("device", "auto"))
-    device = resolve_device(recipe.get("device", "auto"), env)
-    torch.manual_seed(train_config.seed)
-
-    if target_model is None:
-        from transformers import AutoModelForCausalLM
-
-        target_model = AutoModelForCausalLM.from_pretrained(
-            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16"))
-        )
-    target_model = target_model.to(device).eval().requires_grad_(False)
+    train_config, env, device = start_run(recipe)
+    target_model = load_frozen_target(recipe, device, target_model)
     if dataset is None:
         dataset = TokenizedDataset.load(recipe["data"])
 

@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from training.blocks import build_blocks, sample_anchors
 from training.recipe import add_recipe_arguments, recipe_from_args
-from training.trainer import DistEnv, Trainer, TrainConfig, seeds_for
+from training.trainer import Trainer, seeds_for
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, dels_fuse
 
 __all__ = [
@@ -241,13 +241,10 @@ def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torc
     """Train a short head per the recipe; returns {"history", "export_dir", "trainer", "prior"}."""
     from training.data import TokenizedDataset, collate
     from training.export import export_dels
-    from training.pipeline import resolve_device
+    from training.pipeline import start_run
     from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 
-    train_config = TrainConfig(**recipe["train"])
-    env = DistEnv.from_environment(recipe.get("device", "auto"))
-    device = resolve_device(recipe.get("device", "auto"), env)
-    torch.manual_seed(train_config.seed)
+    train_config, env, device = start_run(recipe)
     if dataset is None:
         dataset = TokenizedDataset.load(recipe["data"])
     head_spec = recipe.get("head", {"kind": "gru"})
@@ -289,19 +286,11 @@ def run_fusion_training(recipe: dict[str, Any], *, resume=None, target_model=Non
     from training.data import TokenizedDataset, collate
     from training.export import load_dflash
     from training.features import OnlineFeatures, frozen_target_weights
-    from training.pipeline import resolve_device
+    from training.pipeline import load_frozen_target, start_run
     from vllm_liliprop.heads.dels_io import load_dels_head
 
-    train_config = TrainConfig(**recipe["train"])
-    env = DistEnv.from_environment(recipe.get("device", "auto"))
-    device = resolve_device(recipe.get("device", "auto"), env)
-    torch.manual_seed(train_config.seed)
-    if target_model is None:
-        from transformers import AutoModelForCausalLM
-
-        target_model = AutoModelForCausalLM.from_pretrained(
-            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16")))
-    target_model = target_model.to(device).eval().requires_grad_(False)
+    train_config, env, device = start_run(recipe)
+    target_model = load_frozen_target(recipe, device, target_model)
     if dataset is None:
         dataset = TokenizedDataset.load(recipe["data"])
     embed_weight, lm_head_weight = frozen_target_weights(target_model)

@@ -26,7 +26,14 @@ import triton
 import triton.language as tl
 
 from vllm_liliprop.kernels.checks import check_dim, check_same_device, check_tensor, row_coefficient
-from vllm_liliprop.kernels.triton_keys import KEY_NONE, MAX, SUM, key_index, selection_key
+from vllm_liliprop.kernels.triton_keys import (
+    KEY_NONE,
+    MAX,
+    key_index,
+    merged_log_partition,
+    online_logsumexp,
+    selection_key,
+)
 
 DEFAULT_BLOCK_V = 4096
 
@@ -105,11 +112,7 @@ def _logsumexp_partial_kernel(
         cols = first_col + block * BLOCK_V + lane
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < vocab_size, other=float("-inf"))
         x = x.to(tl.float32)
-        new_max = tl.maximum(run_max, tl.reduce(x, 0, MAX))
-        # An infinite max shifts by 0 so exp() never sees inf - inf (see triton_topk.py).
-        shift = tl.where(tl.abs(new_max) == float("inf"), 0.0, new_max)
-        run_sumexp = run_sumexp * tl.exp(run_max - shift) + tl.reduce(tl.exp(x - shift), 0, SUM)
-        run_max = new_max
+        run_max, run_sumexp = online_logsumexp(run_max, run_sumexp, x)
     part = row * tl.num_programs(1) + split
     tl.store(part_max_ptr + part, run_max)
     tl.store(part_sumexp_ptr + part, run_sumexp)
@@ -140,13 +143,7 @@ def _dels_at_candidates_kernel(
     BETA_IS_TENSOR: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    split = tl.arange(0, BLOCK_SPLITS)
-    has_split = split < num_splits
-    part_max = tl.load(part_max_ptr + row * num_splits + split, mask=has_split, other=float("-inf"))
-    part_sumexp = tl.load(part_sumexp_ptr + row * num_splits + split, mask=has_split, other=0.0)
-    row_max = tl.reduce(part_max, 0, MAX)
-    shift = tl.where(tl.abs(row_max) == float("inf"), 0.0, row_max)
-    short_log_norm = row_max + tl.log(tl.reduce(part_sumexp * tl.exp(part_max - shift), 0, SUM))
+    short_log_norm = merged_log_partition(part_max_ptr, part_sumexp_ptr, row, num_splits, BLOCK_SPLITS)
 
     a = alpha
     if ALPHA_IS_TENSOR:

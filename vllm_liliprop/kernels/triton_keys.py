@@ -1,4 +1,4 @@
-"""Selection keys and reductions shared by the Triton kernels.
+"""Selection keys, reductions and the split log-partition shared by the Triton kernels.
 
 A selection key packs an fp32 score and a column index into one int64 so that a single
 integer max picks the highest score and, among equal scores, the lowest index. The score
@@ -75,3 +75,28 @@ def key_index(key):
     """Inverse of `selection_key` for the index: int64 key -> int64 index."""
     low = key - ((key >> 32) << 32)
     return 2147483647 - low
+
+
+@triton.jit
+def online_logsumexp(run_max, run_sumexp, x):
+    """Fold block x (fp32) into a running (max, sum of exp(x - max)) -> the updated pair.
+
+    An infinite max shifts by 0, so exp() gives 0 (all -inf so far) or inf (a +inf logit)
+    instead of the NaN of inf - inf; NaN entries still poison the sum, as in torch.
+    """
+    new_max = tl.maximum(run_max, tl.reduce(x, 0, MAX))
+    shift = tl.where(tl.abs(new_max) == float("inf"), 0.0, new_max)
+    new_sumexp = run_sumexp * tl.exp(run_max - shift) + tl.reduce(tl.exp(x - shift), 0, SUM)
+    return new_max, new_sumexp
+
+
+@triton.jit
+def merged_log_partition(part_max_ptr, part_sumexp_ptr, row, num_splits, BLOCK_SPLITS: tl.constexpr):
+    """logsumexp of a row from its per-split (max, sum-exp) partials, [N, splits] fp32 each."""
+    split = tl.arange(0, BLOCK_SPLITS)
+    has_split = split < num_splits
+    part_max = tl.load(part_max_ptr + row * num_splits + split, mask=has_split, other=float("-inf"))
+    part_sumexp = tl.load(part_sumexp_ptr + row * num_splits + split, mask=has_split, other=0.0)
+    row_max = tl.reduce(part_max, 0, MAX)
+    shift = tl.where(tl.abs(row_max) == float("inf"), 0.0, row_max)
+    return row_max + tl.log(tl.reduce(part_sumexp * tl.exp(part_max - shift), 0, SUM))

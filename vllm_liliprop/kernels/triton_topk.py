@@ -31,9 +31,10 @@ from vllm_liliprop.kernels.triton_keys import (
     KEY_NONE,
     MAX,
     MIN,
-    SUM,
     key_index,
     key_score,
+    merged_log_partition,
+    online_logsumexp,
     selection_key,
 )
 
@@ -73,12 +74,7 @@ def _topk_partial_kernel(
         in_vocab = cols < vocab_size
         x = tl.load(row_ptr + cols, mask=in_vocab, other=float("-inf")).to(tl.float32)
 
-        new_max = tl.maximum(run_max, tl.reduce(x, 0, MAX))
-        # An infinite max shifts by 0, so exp() gives 0 (all -inf so far) or inf (a +inf
-        # logit) instead of the NaN of inf - inf; NaN logits still poison the sum, as in torch.
-        shift = tl.where(tl.abs(new_max) == float("inf"), 0.0, new_max)
-        run_sumexp = run_sumexp * tl.exp(run_max - shift) + tl.reduce(tl.exp(x - shift), 0, SUM)
-        run_max = new_max
+        run_max, run_sumexp = online_logsumexp(run_max, run_sumexp, x)
 
         keys = tl.where(in_vocab, selection_key(x, cols), KEY_NONE)
         best = tl.reduce(keys, 0, MAX)
@@ -108,13 +104,7 @@ def _topk_merge_kernel(
     BLOCK_KEYS: tl.constexpr,
 ):
     row = tl.program_id(0)
-    split = tl.arange(0, BLOCK_SPLITS)
-    has_split = split < num_splits
-    part_max = tl.load(part_max_ptr + row * num_splits + split, mask=has_split, other=float("-inf"))
-    part_sumexp = tl.load(part_sumexp_ptr + row * num_splits + split, mask=has_split, other=0.0)
-    row_max = tl.reduce(part_max, 0, MAX)
-    shift = tl.where(tl.abs(row_max) == float("inf"), 0.0, row_max)
-    log_norm = row_max + tl.log(tl.reduce(part_sumexp * tl.exp(part_max - shift), 0, SUM))
+    log_norm = merged_log_partition(part_max_ptr, part_sumexp_ptr, row, num_splits, BLOCK_SPLITS)
 
     key_offs = tl.arange(0, BLOCK_KEYS)
     keys = tl.load(
