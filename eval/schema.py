@@ -32,6 +32,8 @@ METRIC_COLUMNS = [
     "tokens_per_s",        # output_tokens / wall_s
     "speedup",             # tokens_per_s / tokens_per_s of AR in the same run
     "stage_ms",            # per-step milliseconds for kind == "stage", NaN otherwise
+    "output_hashes",       # JSON list: per prompt, a fingerprint of its generated token ids (all
+                           # turns); at T = 0 equal to AR's = the system reproduced plain decoding
 ]
 
 PROVENANCE_COLUMNS = [
@@ -45,6 +47,8 @@ PROVENANCE_COLUMNS = [
     "system_config",   # JSON of the system's speculative config and options
     "timestamp",
     "protocol",        # JSON of the generation protocol shared by all arms (cap, warm-up, prompts, data)
+    "data_provenance", # JSON of DATA_DIR/<benchmark>.provenance.json (wheel, file, rows / full size,
+                       # partial) for data from `eval fetch-data`, "" otherwise
 ]
 
 ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS

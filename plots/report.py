@@ -23,7 +23,8 @@ from plots.figures.stages import stage_bars
 from plots.io import validate_results
 from plots.select import describe, main_setting, run_rows, split_by, split_sweeps, stage_rows, system_order
 from plots.style import save_figure, system_colors
-from plots.tables import decode_ablation_table, render_latex, render_markdown, results_table, stage_table
+from plots.tables import (decode_ablation_table, lossless_markdown, render_latex, render_markdown,
+                          results_table, stage_table)
 
 CONCURRENCY_FIGURES = {
     "throughput_vs_concurrency": "tokens_per_s",
@@ -149,6 +150,11 @@ def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str) -
         md, tex = written.files
         lines += [f"### {written.stem}", "", f"{written.title}. [Markdown]({md.name}) · [LaTeX]({tex.name})", "",
                   md.read_text(encoding="utf-8"), ""]
+    lossless = lossless_markdown(df)
+    if lossless:
+        (out_dir / "lossless.md").write_text(lossless, encoding="utf-8")
+        lines += ["## Greedy output identical to AR", "", "Prompts whose generated token ids equal "
+                  "plain decoding's ([lossless.md](lossless.md)).", "", lossless, ""]
     lines += ["## Skipped", ""]
     lines += [f"- **{name}**: {reason}" for name, reason in report.skipped] or ["Nothing was skipped."]
     if report.notes:

@@ -3,9 +3,11 @@
 Rows are benchmarks (with target, temperature, concurrency and input length as
 extra row labels when they vary), columns are systems, a cell is the mean over
 seeds of one metric (see plots.select for how cells are averaged). eval reuses
-`markdown_table` for its printed summary.
+`markdown_table` for its printed summary. A benchmark measured on part of its set (the
+`data_provenance` column says partial) is labelled with its size, e.g. "gsm8k (100/1319)".
 """
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -103,7 +105,7 @@ def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None =
                   best: str | None = None, digits: int | None = None) -> Table:
     """Build the Table-1-style Table that markdown_table and latex_table render."""
     require_columns(df, NEEDED_COLUMNS + [value] + list(rows or []), "markdown_table")
-    runs = run_rows(df)
+    runs = run_rows(label_partial_benchmarks(df))
     if runs.empty:
         raise ValueError("results have no rows with kind == 'run' to tabulate; run `python -m eval run` first")
     fixed, _ = split_sweeps(runs)
@@ -122,7 +124,7 @@ def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None =
 def stage_table(df: pd.DataFrame, digits: int = 2) -> Table:
     """Stage decomposition (paper Table 3 style): rows stage, columns system, ms per step; lowest in bold."""
     require_columns(df, NEEDED_COLUMNS + ["stage", "stage_ms"], "stage_table")
-    stages = stage_rows(df)
+    stages = stage_rows(label_partial_benchmarks(df))
     if stages.empty:
         raise ValueError("results have no rows with kind == 'stage'; eval writes them with the stage-timing run")
     labels = [c for c in OPTIONAL_LABELS if stages[c].nunique() > 1] + ["stage"]
@@ -140,7 +142,7 @@ def decode_ablation_table(df: pd.DataFrame, greedy: str, exact: str, value: str 
     each group (target, temperature, ...) of two or more benchmarks.
     """
     require_columns(df, NEEDED_COLUMNS + [value], "decode_ablation_table")
-    runs = run_rows(df)
+    runs = run_rows(label_partial_benchmarks(df))
     runs = runs[runs["system"].isin([greedy, exact])]
     if runs.empty:
         raise ValueError(f"decode_ablation_table: no run rows for system {greedy!r} or {exact!r}")
@@ -253,6 +255,29 @@ def render_latex(table: Table) -> str:
     return "\n".join(comments + lines) + "\n"
 
 
+def label_partial_benchmarks(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose data_provenance says partial get benchmark "name (rows/full size)", so a subset
+    is never shown as the whole benchmark (nor averaged with rows on the full set)."""
+    if "data_provenance" not in df.columns:  # optional column: older files lack it
+        return df
+    out = df.copy()
+    out["benchmark"] = [partial_label(b, p) for b, p in zip(df["benchmark"], df["data_provenance"])]
+    return out
+
+
+def partial_label(benchmark: str, provenance) -> str:
+    if not isinstance(provenance, str) or not provenance.strip():
+        return benchmark
+    try:
+        record = json.loads(provenance)
+        if not record.get("partial"):
+            return benchmark
+        return f"{benchmark} ({int(record['rows'])}/{int(record['full_size'])})"
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"results column 'data_provenance' holds {provenance[:60]!r} for {benchmark}; "
+                         "expected eval's JSON record with partial, rows and full_size") from None
+
+
 def format_label(column: str, value) -> str:
     if column == "target":
         return target_label(value)
@@ -311,3 +336,54 @@ def _percent(delta: float) -> str:
 def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(str(c).replace("|", r"\|") for c in cells) + " |"
 
+
+
+# Columns that must agree for a T = 0 run to be compared with AR's (the same prompts, settings
+# and engine); optional ones only when the results file has them.
+LOSSLESS_MATCH = ["benchmark", "category", "concurrency", "input_len", "seed", "target"]
+LOSSLESS_OPTIONAL = ["engine_flags", "protocol", "data_provenance"]
+
+
+def lossless_counts(df: pd.DataFrame, baseline: str = "AR") -> pd.DataFrame:
+    """Per T = 0 run row of every other system: how many prompts' generated token ids equal
+    the baseline's on the same prompts and settings (columns system, benchmark, concurrency,
+    identical, prompts). Rows without fingerprints or without a baseline run are left out."""
+    if "output_hashes" not in df.columns:
+        return pd.DataFrame(columns=["system", "benchmark", "concurrency", "identical", "prompts"])
+    keys = LOSSLESS_MATCH + [c for c in LOSSLESS_OPTIONAL if c in df.columns]
+    runs = run_rows(label_partial_benchmarks(df))
+    runs = runs[runs["temperature"] == 0]
+    hashes = [json.loads(h) if isinstance(h, str) and h.strip() else [] for h in runs["output_hashes"]]
+    runs = runs.assign(_hashes=hashes)
+    base = {tuple(r[k] for k in keys): r["_hashes"] for _, r in runs[runs["system"] == baseline].iterrows()}
+    out = []
+    for _, r in runs[runs["system"] != baseline].iterrows():
+        ref = base.get(tuple(r[k] for k in keys))
+        if not ref or len(ref) != len(r["_hashes"]):
+            continue
+        out.append({"system": r["system"], "benchmark": r["benchmark"], "concurrency": int(r["concurrency"]),
+                    "identical": sum(a == b for a, b in zip(ref, r["_hashes"])), "prompts": len(ref)})
+    return pd.DataFrame(out, columns=["system", "benchmark", "concurrency", "identical", "prompts"])
+
+
+def lossless_markdown(df: pd.DataFrame, baseline: str = "AR") -> str:
+    """Markdown: rows benchmark (x concurrency), columns system, cells "identical/prompts" at
+    T = 0 against the baseline (summed over categories); "" when nothing can be compared."""
+    counts = lossless_counts(df, baseline)
+    if counts.empty:
+        return ""
+    grouped = counts.groupby(["benchmark", "concurrency", "system"], sort=False)[["identical", "prompts"]].sum()
+    systems = list(dict.fromkeys(counts["system"]))
+    lines = [_md_row(["Benchmark", "c"] + systems), _md_row(["---", "---:"] + ["---:"] * len(systems))]
+    for bench, c in dict.fromkeys(zip(counts["benchmark"], counts["concurrency"])):
+        cells = []
+        for s in systems:
+            if (bench, c, s) in grouped.index:
+                same, n = grouped.loc[(bench, c, s)]
+                cells.append(f"{int(same)}/{int(n)}" + ("" if same == n else " **≠**"))
+            else:
+                cells.append("—")
+        lines.append(_md_row([bench, str(c)] + cells))
+    total = counts[["identical", "prompts"]].sum()
+    return ("\n".join(lines) + f"\n\n*Greedy (T = 0) outputs token-identical to {baseline} on the same "
+            f"prompts: {int(total['identical'])} of {int(total['prompts'])}.*\n")

@@ -20,8 +20,10 @@ from eval.benchmarks import (
 from eval.prompts import NO_THINKING, PromptRenderer, template_kwargs
 
 DATA = Path(__file__).parent / "data" / "eval"
-FIXTURE_BENCHMARKS = ["gsm8k", "math500", "aime2025", "humaneval", "mbpp", "livecodebench",
-                      "alpacaeval", "mtbench", "speed-qualitative", "speed-throughput_1k"]
+FIXTURE_BENCHMARKS = ["gsm8k", "math500", "aime2024", "aime2025", "humaneval", "mbpp",
+                      "livecodebench", "alpacaeval", "mtbench", "speed-qualitative",
+                      "speed-throughput_1k"]
+BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 def test_every_named_benchmark_has_a_fixture_or_shares_one_schema():
@@ -44,11 +46,21 @@ def test_fixture_of_each_hub_schema_loads(name):
 
 def test_converted_fields():
     gsm8k = load_benchmark("gsm8k", "local", DATA)
-    assert gsm8k[0].turns == ("Tom has 3 apples and buys 5 more. How many apples does he have?",)
+    # DFlash's templates are part of the prompt text, whichever source the rows come from.
+    assert gsm8k[0].turns == ("Tom has 3 apples and buys 5 more. How many apples does he have?"
+                              + BOXED,)
     assert gsm8k[0].reference.endswith("#### 8")
     humaneval = load_benchmark("humaneval", "local", DATA)[0]
-    assert "def add(a: int, b: int) -> int:" in humaneval.turns[0]
+    assert humaneval.turns[0] == (
+        "Write a solution to the following problem and make sure that it passes the tests:\n"
+        "```python\ndef add(a: int, b: int) -> int:\n    \"\"\"Return the sum of a and b.\"\"\"\n\n```")
     assert humaneval.id == "humaneval-HumanEval/0"
+    math500 = load_benchmark("math500", "local", DATA)[0]
+    assert math500.turns == ("Compute $2^{10}$." + BOXED,) and math500.category == "Algebra"
+    aime2024 = load_benchmark("aime2024", "local", DATA)
+    assert [e.id for e in aime2024] == ["aime2024-60", "aime2024-61"]
+    assert aime2024[1].turns[0].endswith(BOXED) and aime2024[1].reference == "49"
+    assert load_benchmark("aime2025", "local", DATA)[0].turns[0].endswith("$n^2 < 50$." + BOXED)
     mbpp = load_benchmark("mbpp", "local", DATA)[0]
     assert 'assert remove_Occ("hello","l") == "heo"' in mbpp.turns[0]
     lcb = load_benchmark("livecodebench", "local", DATA)
@@ -205,7 +217,8 @@ def test_hub_source_reports_an_unreachable_hub_naming_the_dataset():
 
 
 @pytest.mark.skipif(not os.environ.get("EVAL_TEST_HF"), reason="needs the network: set EVAL_TEST_HF=1")
-@pytest.mark.parametrize("name", ["gsm8k", "math500", "humaneval", "mbpp", "mtbench", "alpacaeval"])
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "aime2024", "humaneval", "mbpp", "mtbench",
+                                  "alpacaeval"])
 def test_hub_datasets_load_into_the_common_schema(name):
     examples = load_benchmark(name, "hf", limit=2)
     assert len(examples) == 2 and all(e.turns for e in examples)

@@ -27,6 +27,7 @@ __all__ = [
     "read_conversations",
     "tokenize_conversation",
     "TokenizedDataset",
+    "training_vocabulary",
     "collate",
 ]
 
@@ -239,6 +240,18 @@ class TokenizedDataset:
                     raise ValueError(f"token id {int(kept.max())} >= vocab_size {vocab_size}")
                 counts += torch.bincount(kept, minlength=vocab_size)
         return counts
+
+
+def training_vocabulary(dataset: "TokenizedDataset", vocab_size: int, size: int) -> tuple[torch.Tensor, float]:
+    """The `size` token ids most often supervised in `dataset` (ties: lower id first) and the
+    share of supervised tokens they cover."""
+    if not 0 < size <= vocab_size:
+        raise ValueError(f"train_vocab.size = {size} must be in [1, vocab_size = {vocab_size}]")
+    counts = dataset.supervised_token_counts(vocab_size)
+    order = sorted(range(vocab_size), key=lambda t: (-int(counts[t]), t))[:size]
+    ids = torch.tensor(sorted(order), dtype=torch.int64)
+    total = int(counts.sum())
+    return ids, (float(counts[ids].sum()) / total if total else 1.0)
 
 
 def collate(examples: Sequence[TokenizedExample], pad_id: int = 0) -> dict[str, torch.Tensor]:

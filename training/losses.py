@@ -44,6 +44,10 @@ class LossWeights:
     distractor       lambda, weight of the distractor penalty         (1.0)
     margin_blend     mu, share of the hinge against the hard label    (0.0; 0.5 for "+ margin")
     margin           rho, the hinge margin on the decision gap        (2.0)
+    distill          share of each slot's DFlash term taken by KL(target || drafter) against the
+                     teacher-forced target distribution instead of the CE on the target's token
+                     (0.0 = the paper's Eq. 6; an extension for data-poor training, see
+                     training/README.md)
     """
 
     dflash_decay: float = 7.0
@@ -51,6 +55,7 @@ class LossWeights:
     distractor: float = 1.0
     margin_blend: float = 0.0
     margin: float = 2.0
+    distill: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.dflash_decay > 0:
@@ -58,6 +63,8 @@ class LossWeights:
         for name in ("reranker_weight", "distractor", "margin"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if not 0.0 <= self.distill <= 1.0:
+            raise ValueError(f"distill must be in [0, 1] (got {self.distill})")
         if not 0.0 <= self.margin_blend <= 1.0:
             raise ValueError(f"margin_blend (mu) must be in [0, 1] (got {self.margin_blend})")
 
@@ -224,7 +231,8 @@ def dflash_ce(
 
 
 def _dflash_ce_sum(
-    logits: torch.Tensor, targets: torch.Tensor, decay: float, mask: torch.Tensor
+    logits: torch.Tensor, targets: torch.Tensor, decay: float, mask: torch.Tensor,
+    teacher_logits: torch.Tensor | None = None, distill: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, S, V], got shape {tuple(logits.shape)}")
@@ -237,9 +245,15 @@ def _dflash_ce_sum(
     slots = logits.shape[1]
     weight = torch.exp(-torch.arange(slots, device=logits.device, dtype=torch.float32) / decay)
     weight = weight.expand_as(mask) * mask
-    ce = F.cross_entropy(
-        logits.float().flatten(0, 1), targets.clamp(min=0).flatten(), reduction="none"
-    ).view_as(weight)
+    log_probs = logits.float().log_softmax(dim=-1)
+    ce = -log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    if teacher_logits is not None and distill > 0:
+        if teacher_logits.shape != logits.shape:
+            raise ValueError(f"teacher_logits has shape {tuple(teacher_logits.shape)}, expected the "
+                             f"draft logits' {tuple(logits.shape)}")
+        teacher = teacher_logits.float().log_softmax(dim=-1)
+        kl = (teacher.exp() * (teacher - log_probs)).sum(dim=-1)
+        ce = (1.0 - distill) * ce + distill * kl
     return (ce * weight).sum(), weight.sum()
 
 
@@ -276,6 +290,7 @@ def total_loss(
     start: torch.Tensor | None = None,
     pairs: torch.Tensor | None = None,
     target_logq: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Eq. (7) and its margin variant:
         L = L_DFlash + gamma [(1 - mu) L_CE + lambda L_dist + mu L_margin].
@@ -283,12 +298,16 @@ def total_loss(
     draft_logits [B, S, V]; targets [B, S]; slot_mask [B, S] bool (slots with a real,
     loss-masked target). Without `start` the reranker is absent and L = L_DFlash (plain DFlash
     training). With it, candidate_ids [B, S, K], pairs [B, S-1, K, K] and, when lambda > 0,
-    target_logq [B, S, K] are required. Returns float32 tensors: "loss" (differentiable),
+    target_logq [B, S, K] are required. teacher_logits [B, S, V] (the teacher-forced target's
+    logits for the same slots) are required when weights.distill > 0. Returns float32 tensors: "loss" (differentiable),
     the unweighted terms "dflash", "ce", "distractor", "margin", and the denominators
     "dflash_weight" (decay-weight mass) and "oracle_slots" (|S| of Eq. 3).
     """
     targets = torch.where(slot_mask, targets, torch.full_like(targets, -1))
-    dflash_sum, dflash_weight = _dflash_ce_sum(draft_logits, targets, weights.dflash_decay, slot_mask)
+    if weights.distill > 0 and teacher_logits is None:
+        raise ValueError("teacher_logits are required when weights.distill > 0")
+    dflash_sum, dflash_weight = _dflash_ce_sum(draft_logits, targets, weights.dflash_decay, slot_mask,
+                                               teacher_logits, weights.distill)
     terms = {
         "dflash": dflash_sum / dflash_weight.clamp(min=torch.finfo(torch.float32).tiny),
         "dflash_weight": dflash_weight.detach(),

@@ -59,6 +59,7 @@ class DraftObjective(nn.Module):
         lattice: LatticeHead | None = None,
         weights: LossWeights = LossWeights(),
         num_anchors: int = 512,
+        vocab_ids: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         cfg = drafter.config
@@ -85,12 +86,48 @@ class DraftObjective(nn.Module):
         self.weights = weights
         self.num_anchors = num_anchors
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        # The training vocabulary (an extension for CPU budgets): every softmax of the loss runs
+        # over these rows of the LM head only, and labels outside them are not supervised. The
+        # export is unchanged; vLLM drafts over the full vocabulary.
+        if vocab_ids is None:
+            self.vocab_ids = None
+        else:
+            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=lm_head_weight.device)
+            if vocab_ids.dim() != 1 or vocab_ids.unique().numel() != vocab_ids.numel() or (
+                    vocab_ids.numel() and not 0 <= int(vocab_ids.min()) <= int(vocab_ids.max()) < cfg.vocab_size):
+                raise ValueError(f"vocab_ids must be distinct token ids in [0, {cfg.vocab_size})")
+            position = torch.full((cfg.vocab_size,), -1, dtype=torch.int64, device=vocab_ids.device)
+            position[vocab_ids] = torch.arange(vocab_ids.numel(), device=vocab_ids.device)
+            self.register_buffer("vocab_ids", vocab_ids, persistent=False)
+            self.register_buffer("vocab_position", position, persistent=False)
+            lm_head_weight = lm_head_weight[vocab_ids]
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
 
     def target_log_probs(self, final_hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """log softmax(lm_head(final_hidden)) at `ids`: [..., H], [..., K] -> [..., K] fp32."""
         logits = F.linear(final_hidden.float(), self.lm_head_weight.float())
         return logits.log_softmax(dim=-1).gather(-1, ids)
+
+    def full_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Training-vocabulary indices -> token ids (identity without a training vocabulary)."""
+        return ids if self.vocab_ids is None else self.vocab_ids[ids]
+
+    def _train_labels(self, targets: torch.Tensor, slot_mask: torch.Tensor):
+        if self.vocab_ids is None:
+            return targets, slot_mask
+        mapped = torch.where(targets >= 0, self.vocab_position[targets.clamp(min=0)], targets)
+        return mapped, slot_mask & (mapped >= 0)
+
+    @staticmethod
+    def _slot_states(states: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
+                     slots: int) -> torch.Tensor:
+        """[B, T, H] target states -> [M, S, H] at the positions that predict each slot: slot s
+        of anchor a is the token at a + 1 + s, predicted by the target at a + s."""
+        positions = anchors.unsqueeze(-1) + torch.arange(slots, device=anchors.device)
+        positions = positions.clamp(max=states.shape[1] - 1)[valid]
+        rows = torch.arange(states.shape[0], device=anchors.device)
+        batch_of_block = rows.unsqueeze(-1).expand_as(anchors)[valid]
+        return states[batch_of_block.unsqueeze(-1), positions]
 
     def forward(
         self,
@@ -108,8 +145,17 @@ class DraftObjective(nn.Module):
         context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
         hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
         slot_hidden = hidden[:, :, 1:][valid]  # [M, S, H]
-        targets, slot_mask = targets[valid], slot_mask[valid]
+        targets, slot_mask = self._train_labels(targets[valid], slot_mask[valid])
         draft_logits = F.linear(slot_hidden, self.lm_head_weight)  # [M, S, V]
+        if self.weights.distill > 0 and target_final_hidden is None:
+            raise ValueError("target_final_hidden is required for distillation (weights.distill > 0); "
+                             "compute features with final_hidden=True")
+        teacher_logits = None
+        if self.weights.distill > 0:
+            with torch.no_grad():
+                teacher_logits = F.linear(
+                    self._slot_states(target_final_hidden, anchors, valid, targets.shape[1]),
+                    self.lm_head_weight)
 
         lattice_inputs = {}
         metrics = {}
@@ -123,7 +169,7 @@ class DraftObjective(nn.Module):
             before_anchor = (anchors - 1).unsqueeze(-1).expand(-1, -1, context.shape[-1])
             anchor_hidden = context.gather(1, before_anchor)[valid]  # [M, H]
             start, pairs = self.lattice.score(
-                F.embedding(candidate_ids, self.embed_weight),
+                F.embedding(self.full_ids(candidate_ids), self.embed_weight),
                 candidate_log_probs,
                 slot_hidden,
                 anchor_hidden,
@@ -136,15 +182,9 @@ class DraftObjective(nn.Module):
                         "target_final_hidden is required for the distractor penalty "
                         "(weights.distractor > 0); compute features with final_hidden=True"
                     )
-                # Slot s of anchor a is the token at a+1+s, predicted by the target at a+s.
-                positions = (anchors.unsqueeze(-1) + torch.arange(slots, device=anchors.device))
-                positions = positions.clamp(max=input_ids.shape[1] - 1)[valid]  # [M, S]
-                rows = torch.arange(input_ids.shape[0], device=anchors.device)
-                batch_of_block = rows.unsqueeze(-1).expand_as(anchors)[valid]
                 with torch.no_grad():
                     target_logq = self.target_log_probs(
-                        target_final_hidden[batch_of_block.unsqueeze(-1), positions], candidate_ids
-                    )
+                        self._slot_states(target_final_hidden, anchors, valid, slots), candidate_ids)
             lattice_inputs = dict(
                 candidate_ids=candidate_ids, start=start, pairs=pairs, target_logq=target_logq
             )
@@ -157,6 +197,7 @@ class DraftObjective(nn.Module):
             targets=targets,
             slot_mask=slot_mask,
             weights=self.weights,
+            teacher_logits=teacher_logits,
             **lattice_inputs,
         )
         with torch.no_grad():

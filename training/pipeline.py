@@ -15,6 +15,8 @@ Recipe fields (defaults in brackets):
                    "logit_scale": 8.0, "init_from": null}
   loss            LossWeights fields (Table 4 defaults)
   num_anchors     [512] anchors per sequence
+  train_vocab     [null] {"size": N}: the loss's softmax runs over the N tokens most often
+                  supervised in the data (extension for CPU budgets; exports are unchanged)
   train           TrainConfig fields (output_dir required)
   export_dtype    ["bfloat16"]
 The final model is exported to <output_dir>/final (DFlashDraftModel or LiLiCorrDraftModel).
@@ -150,12 +152,20 @@ def run_draft_training(
         # fp32 training multiplies with fp32 weights; under bf16 autocast the target's own
         # (bf16) tables are used as they are, saving two vocabulary-sized fp32 copies.
         embed_weight, lm_head_weight = embed_weight.float(), lm_head_weight.float()
+    vocab_ids, extras = None, {}
+    if recipe.get("train_vocab"):
+        from training.data import training_vocabulary
+
+        vocab_ids, coverage = training_vocabulary(dataset, drafter.config.vocab_size,
+                                                  int(recipe["train_vocab"]["size"]))
+        extras["train_vocab"] = {"size": int(vocab_ids.numel()), "supervised_coverage": coverage}
     objective = DraftObjective(
         drafter, embed_weight, lm_head_weight,
         lattice=lattice, weights=weights, num_anchors=int(recipe.get("num_anchors", 512)),
+        vocab_ids=None if vocab_ids is None else vocab_ids.to(device),
     )
 
-    need_final = lattice is not None and weights.distractor > 0
+    need_final = (lattice is not None and weights.distractor > 0) or weights.distill > 0
     feature_spec = recipe.get("features", {"mode": "online"})
     if feature_spec.get("mode", "online") == "online":
         features = OnlineFeatures(target_model, drafter.config.target_layer_ids, final_hidden=need_final)
@@ -177,7 +187,7 @@ def run_draft_training(
         }
 
     trainable = {"drafter": drafter}
-    extras: dict[str, Any] = {"kind": method, "drafter_config": drafter.config.to_dict()}
+    extras.update({"kind": method, "drafter_config": drafter.config.to_dict()})
     if lattice is not None:
         trainable["head"] = lattice
         extras["lattice_config"] = _lattice_config_dict(lattice.config)

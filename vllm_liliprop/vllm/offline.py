@@ -111,6 +111,14 @@ def request_seed(seed: int | None, index: int, turn: int) -> int | None:
     return random.Random(f"{seed}:{index}:{turn}").getrandbits(31)
 
 
+def output_hash(turn_token_ids: list[list[int]]) -> str:
+    """A short fingerprint of one conversation's generated token ids (every turn): equal
+    fingerprints at T = 0 show a system reproduced plain decoding exactly."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(turn_token_ids).encode()).hexdigest()[:16]
+
+
 @dataclass
 class BatchResult:
     answers: list[list[str]]  # per conversation, the generated text of each turn
@@ -119,6 +127,7 @@ class BatchResult:
     wall_s: float  # first request added -> last request finished
     counters: SpecDecodeCounters  # this batch only
     num_steps: int = 0  # engine steps taken
+    output_hashes: list[str] = field(default_factory=list)  # per conversation, over its token ids
 
 
 class OfflineEngine:
@@ -196,6 +205,7 @@ class OfflineEngine:
         messages: list[Messages] = [[{"role": "user", "content": t[0]}] for t in turns]
         first_prompts = [render(m) for m in messages]
         answers: list[list[str]] = [[] for _ in turns]
+        token_ids: list[list[list[int]]] = [[] for _ in turns]
         output_tokens = prompt_tokens = steps = 0
 
         def add(index: int, prompt_ids: list[int]) -> None:
@@ -224,6 +234,7 @@ class OfflineEngine:
                 index = int(index)
                 completion = output.outputs[0]
                 output_tokens += len(completion.token_ids)
+                token_ids[index].append(list(completion.token_ids))
                 answers[index].append(completion.text)
                 messages[index].append({"role": "assistant", "content": completion.text})
                 done = len(answers[index])
@@ -232,7 +243,8 @@ class OfflineEngine:
                     add(index, render(messages[index]))
         wall_s = time.perf_counter() - start
         counters = self.counters() - before
-        return BatchResult(answers, output_tokens, prompt_tokens, wall_s, counters, steps)
+        return BatchResult(answers, output_tokens, prompt_tokens, wall_s, counters, steps,
+                           [output_hash(ids) for ids in token_ids])
 
     def stage_timer(self) -> "StageTimer":
         return StageTimer(self._llm())
