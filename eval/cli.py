@@ -1,4 +1,4 @@
-"""`python -m eval run | summarize | fetch-data | fetch-target ...` (see eval/README.md)."""
+"""`python -m eval run | summarize | distribution | fetch-data | fetch-target ...` (see eval/README.md)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--values", type=_names, default=list(SUMMARY_VALUES), metavar="A,B",
                            help="metric columns to tabulate (default: tau,speedup,tokens_per_s)")
 
+    dist = sub.add_parser("distribution", help="T = 1: chi-square test of each system's sampled "
+                                               "tokens against AR's (eval/distribution.py)")
+    dist.add_argument("--target", required=True)
+    dist.add_argument("--systems", metavar="FILE", required=True)
+    dist.add_argument("--var", action="append", default=[], metavar="NAME=VALUE")
+    dist.add_argument("--only", type=_names, required=True, metavar="A,B", help="systems to test")
+    dist.add_argument("--benchmark", default="humaneval", help="its first prompt is sampled")
+    dist.add_argument("--data-dir", required=True)
+    dist.add_argument("--samples", type=int, default=1500)
+    dist.add_argument("--tokens", type=int, default=3, help="generated tokens per sample")
+    dist.add_argument("--concurrency", type=int, default=64)
+    dist.add_argument("--engine-flags", default="{}", metavar="JSON")
+    dist.set_defaults(yarn_factor=None, yarn_original_max_position=None)
+
     target = sub.add_parser("fetch-target", help="download and convert a pinned target model into "
                                                  "the cache; prints its folder")
     target.add_argument("name", help="target name (eval/targets.py: " + ", ".join(_target_names()) + ")")
@@ -179,6 +193,13 @@ def run_command(args) -> int:
     benchmarks = [(benchmark_spec(n), load_benchmark(n, args.source, args.data_dir, args.limit))
                   for n in names]
     stage_benchmarks = args.stage_benchmarks or (["mtbench"] if "mtbench" in names else names[:1])
+    # A system named in --stages that --only leaves out is only timed when it runs (so a script
+    # with fixed --stages can be narrowed with --only); a name defined nowhere is still an error.
+    selected = {s.name for s in systems}
+    unknown = [s for s in args.stages if s not in available.entries]
+    if unknown:
+        raise ValueError(f"--stages names system(s) {unknown} that are not defined")
+    args.stages = [s for s in args.stages if s in selected]
     missing = [b for b in stage_benchmarks if b not in names]
     if args.stages and missing:
         raise ValueError(f"--stage-benchmarks {missing} are not among --benchmarks")
@@ -224,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             return fetch_command(args)
         if args.command == "fetch-target":
             return fetch_target_command(args)
+        if args.command == "distribution":
+            from eval.distribution import main_args
+
+            return main_args(args)
         print(summary_text(args.results, tuple(args.values)))
         return 0
     except (DataError, SystemsError, SourceError, ValueError) as exc:

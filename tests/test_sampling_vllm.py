@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from scipy.stats import chi2_contingency
 
+from eval.distribution import chi_square_p
 from tests.builders import attach_markov_head, build_rank_preferring_lilicorr
 from tests.engine import generate
 from vllm_liliprop.fixtures import build_tiny_target
@@ -40,16 +40,6 @@ def peaky(tiny_models):
     (draft / "config.json").write_text(json.dumps(config))
     attach_markov_head(draft, target, ranked[1], strength=2.0)
     return {"target": str(target), "draft": str(draft), "plain": plain}
-
-
-def chi_square_p(a, b, min_count=10):
-    """p-value of 'same distribution' for two samples of token triples, rare triples pooled."""
-    ca, cb = Counter(map(tuple, a)), Counter(map(tuple, b))
-    keys = [k for k in set(ca) | set(cb) if ca[k] + cb[k] >= min_count]
-    table = [[ca[k] for k in keys], [cb[k] for k in keys]]
-    table[0].append(len(a) - sum(table[0]))
-    table[1].append(len(b) - sum(table[1]))
-    return chi2_contingency(table)[1]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Drafts for a real pretrained target, built end to end offline and resumable stage by stage.
 
-    python -m training.realbed --recipe smollm2/build --out .cache/realbed/smollm2
+    python -m training.realbed --recipe smollm2/build --out .cache/realbed/smollm2 --ship testbed/smollm2
 
 Stages (each one's manifest fragment lands in OUT/stages/<name>.json; a rerun skips finished
 stages, and an interrupted one resumes from its partial output):
@@ -224,16 +224,40 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     return manifest
 
 
+SHIPPED = ("dflash", "lilicorr")  # dflash/ holds the DeLS folders dels/ and dels_markov/
+
+
+def ship(out: str | Path, dest: str | Path, log=print) -> Path:
+    """Copy the finished drafts into `dest`/drafts and write `dest`/manifest.json: the build's
+    manifest with this machine's paths replaced by names relative to the build folder."""
+    out, dest = Path(out).resolve(), Path(dest)
+    manifest_file = out / "manifest.json"
+    if not manifest_file.is_file():
+        raise ValueError(f"{out} has no manifest.json: finish the build first (python -m training.realbed --out {out})")
+    for name in SHIPPED:
+        target = dest / "drafts" / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(out / "drafts" / name, target)
+    text = manifest_file.read_text().replace(str(out) + "/", "").replace(str(Path.cwd().resolve()) + "/", "")
+    (dest / "manifest.json").write_text(text)
+    log(f"[realbed] shipped {', '.join(SHIPPED)} and the manifest to {dest}")
+    return dest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.realbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="smollm2/build", help="build recipe (training/recipes/...)")
     parser.add_argument("--out", required=True, help="output folder (reruns resume)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--ship", metavar="DIR", help="after the build, copy the drafts and the "
+                                                      "manifest into DIR (e.g. testbed/smollm2)")
     args = parser.parse_args(argv)
     recipe = apply_overrides(load_recipe(args.recipe), args.overrides)
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "training.realbed", *(argv or sys.argv[1:])])
     build(recipe, args.out, command)
+    if args.ship:
+        ship(args.out, args.ship)
     return 0
 
 

@@ -127,6 +127,7 @@ class BatchResult:
     wall_s: float  # first request added -> last request finished
     counters: SpecDecodeCounters  # this batch only
     num_steps: int = 0  # engine steps taken
+    token_ids: list[list[list[int]]] = field(default_factory=list)  # per conversation, per turn
     output_hashes: list[str] = field(default_factory=list)  # per conversation, over its token ids
 
 
@@ -244,7 +245,7 @@ class OfflineEngine:
         wall_s = time.perf_counter() - start
         counters = self.counters() - before
         return BatchResult(answers, output_tokens, prompt_tokens, wall_s, counters, steps,
-                           [output_hash(ids) for ids in token_ids])
+                           token_ids, [output_hash(ids) for ids in token_ids])
 
     def stage_timer(self) -> "StageTimer":
         return StageTimer(self._llm())
