@@ -98,12 +98,15 @@ def test_register_is_idempotent_and_patches_once():
 
     plugin.register()
     wrapped = VllmConfig._get_v2_model_runner_unsupported_features
+    bookkeeping = gpu_model_runner.GPUModelRunner._bookkeeping_sync
     patching.apply_patches()
     plugin.register()
     assert gpu_model_runner.DFlashProposer is LiliPropProposer
     assert VllmConfig._get_v2_model_runner_unsupported_features is wrapped
-    original = getattr(wrapped, "__liliprop_original__")
-    assert getattr(original, "__liliprop_original__", None) is None
+    assert gpu_model_runner.GPUModelRunner._bookkeeping_sync is bookkeeping
+    for patched in (wrapped, bookkeeping):
+        original = getattr(patched, "__liliprop_original__")
+        assert getattr(original, "__liliprop_original__", None) is None
 
 
 def _broken_draft(tiny_models, name, edit):

@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Four patches, each logged once and safe to apply twice:
+Five patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -12,7 +12,13 @@ Four patches, each logged once and safe to apply twice:
    float output to an int64 copy and writes there, so the per-token temperatures that scale the
    target logits during verification stay uninitialised memory (and 0.7 becomes 0). Speculative
    sampling at T > 0 then drifts far from the target distribution (tests/test_sampling_vllm.py
-   shows it with stock DFlash). The replacement expands in torch, in the output's dtype.
+   shows it with stock DFlash). The replacement expands in torch, in the output's dtype;
+5. CPU only: after a step whose sampled tokens are discarded (a chunked prefill), vLLM 0.32
+   rewinds each such request's seeded generator by its Philox offset, which CPU generators do
+   not have ("CPU Generator does not use offset"): any seeded request at T > 0 whose prompt is
+   prefilled in chunks crashes the engine. On CPU the rewind is skipped; the request's seeded
+   stream simply goes on, so its samples stay exact draws from the distribution and a rerun with
+   the same batches repeats them.
 """
 
 from __future__ import annotations
@@ -104,6 +110,32 @@ def expand_kernel_cpu(output, input_val, cu_num_tokens, replace_from, replace_to
     output[: expanded.shape[0]].copy_(expanded.to(output.dtype))
 
 
+class _NoOffsetGenerator:
+    """What the discard path of `_bookkeeping_sync` sees for a CPU generator: nothing to rewind."""
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        pass
+
+
+def _wrap_bookkeeping_cpu(original: Callable) -> Callable:
+    def _bookkeeping_sync(self, *args, **kwargs):
+        batch = self.input_batch
+        generators = batch.generators
+        # The rewind loop is this method's only reader of the generators.
+        if generators and self.discard_request_mask.np[:batch.num_reqs].any():
+            batch.generators = dict.fromkeys(generators, _NoOffsetGenerator())
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                batch.generators = generators
+        return original(self, *args, **kwargs)
+
+    return _bookkeeping_sync
+
+
 def apply_patches() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.worker import gpu_model_runner
@@ -112,6 +144,7 @@ def apply_patches() -> None:
 
     _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
     _patch_cpu_expand_kernel()
+    _patch_cpu_generator_rewind(gpu_model_runner.GPUModelRunner)
     for name, wrap in (
         ("_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
         ("_is_dflash_candidate_draft", _wrap_candidate_draft),
@@ -135,3 +168,13 @@ def _patch_cpu_expand_kernel() -> None:
     name = "vllm.v1.sample.rejection_sampler.expand_kernel"
     if name in _registry and _registry[name][1] is not expand_kernel_cpu:
         register_kernels({name: expand_kernel_cpu})
+
+
+def _patch_cpu_generator_rewind(runner_class) -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    current = runner_class.__dict__["_bookkeeping_sync"]
+    if getattr(current, _MARK, None) is None:
+        _replace(runner_class, "_bookkeeping_sync", _wrap_bookkeeping_cpu(current))
