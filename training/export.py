@@ -84,6 +84,15 @@ def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) ->
     return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
 
 
+def resave_dels(source: str | Path, destination: str | Path, embed: torch.Tensor, dtype: torch.dtype) -> Path:
+    """Re-save an exported DeLS folder with its head weights in `dtype` (the unigram prior stays
+    fp32: low-precision log-probabilities of rare tokens would lose their order)."""
+    from vllm_liliprop.heads.dels_io import load_dels_head
+
+    head, prior, config = load_dels_head(source, embed, embed.shape[0])
+    return save_dels_head(destination, head.to(dtype), prior, config)
+
+
 def _read(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 

@@ -191,7 +191,7 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
                                         {**paths, "train.output_dir": str(out / "runs" / f"dels_{kind}")})
             result = run_dels_training(dels_recipe, resume=True)
             folder = drafts / "dflash" / ("dels" if kind == "gru" else "dels_markov")
-            shutil.copytree(result["export_dir"], folder, dirs_exist_ok=True)
+            resave_dels_bf16(result["export_dir"], folder, target_dir)
             return {"recipe": dels_recipe, "path": str(folder)}
 
         stage(f"dels_{kind}", dels)
@@ -222,6 +222,16 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"[realbed] wrote {out / 'manifest.json'}")
     return manifest
+
+
+def resave_dels_bf16(source: Path, folder: Path, target_dir: Path) -> None:
+    """The DeLS folder with bf16 head weights (the prior stays fp32), as the drafts are shipped."""
+    import torch
+
+    from training.export import resave_dels
+    from training.train_dels import load_target_embedding
+
+    resave_dels(source, folder, load_target_embedding(str(target_dir)), torch.bfloat16)
 
 
 SHIPPED = ("dflash", "lilicorr")  # dflash/ holds the DeLS folders dels/ and dels_markov/

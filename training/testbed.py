@@ -423,15 +423,6 @@ def _save_fp16_target(model, tokenizer, out_dir: Path) -> None:
     model.float()
 
 
-def _save_dels_fp16(source: Path, destination: Path, embed: torch.Tensor) -> None:
-    """Re-save an exported DeLS folder with fp16 head weights (the prior stays fp32: its
-    log-probabilities of rare tokens would lose their order in fp16)."""
-    from vllm_liliprop.heads.dels_io import load_dels_head, save_dels_head
-
-    head, prior, config = load_dels_head(source, embed, embed.shape[0])
-    save_dels_head(destination, head.half(), prior, config)
-
-
 def _versions() -> dict[str, str]:
     import tokenizers
     import transformers
@@ -586,7 +577,9 @@ def run_testbed(recipe: dict[str, Any], out: str | Path, command: str = "", log=
     for kind, folder in (("gru", "dels"), ("markov", "dels_markov")):
         result = run_dels_training(dels_recipe(recipe, kind, runs / f"dels_{kind}"), embed_weight=embed,
                                    dataset=train_data, tokenizer=tokenizer, progress=False)
-        _save_dels_fp16(result["export_dir"], drafts / "dflash" / folder, embed)
+        from training.export import resave_dels
+
+        resave_dels(result["export_dir"], drafts / "dflash" / folder, embed, torch.float16)
         metrics[f"dels_{kind}_train_ce"] = _tail_mean(result["history"], "ce")
         lap(f"train_dels_{kind}")
 
