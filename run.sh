@@ -15,7 +15,7 @@ target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 .venv/bin/python -m eval run \
     --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/drafts" \
     --benchmarks pypi --data-dir "${LILIPROP_CACHE:-.cache}/benchmarks" \
-    --temperatures 0 --concurrency 1 --limit 4 --max-tokens 128 \
+    --temperatures 0 --concurrency 1 --limit 2 --max-tokens 96 \
     --stages DFlash,LiLiCorr-greedy,DeLS-GRU --stage-benchmarks mtbench \
     --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager": true}' \
     --results "$out/results.csv" "$@"
