@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("results", help="results file (.csv or .parquet)")
     summarize.add_argument("--values", type=_names, default=list(SUMMARY_VALUES), metavar="A,B",
                            help="metric columns to tabulate (default: tau,speedup,tokens_per_s)")
+    summarize.add_argument("--lossless", metavar="FILE",
+                           help="take the greedy-output check against AR from this results file "
+                                "(e.g. an fp32 run beside a timed bf16 one)")
 
     dist = sub.add_parser("distribution", help="T = 1: chi-square test of each system's sampled "
                                                "tokens against AR's (eval/distribution.py)")
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             from eval.distribution import main_args
 
             return main_args(args)
-        print(summary_text(args.results, tuple(args.values)))
+        print(summary_text(args.results, tuple(args.values), args.lossless))
         return 0
     except (DataError, SystemsError, SourceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

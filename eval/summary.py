@@ -10,18 +10,29 @@ from plots.tables import lossless_markdown, markdown_table, render_markdown, sta
 SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
 
 
-def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES) -> str:
+def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
+                 lossless_path: str | Path | None = None) -> str:
     """One table per metric (rows benchmark [x setting], columns system, best per row in bold),
     then the greedy-output check against AR and the stage decomposition when the file has
-    stage rows."""
+    stage rows. lossless_path: take the greedy-output check from that results file instead (a
+    separate fp32 run, when the timed run is bf16 and CPU bf16 verification rounds differently)."""
     results = load_results(path)
     parts = []
     if (results["kind"] == "run").any():
         for value in values:
             parts.append(f"### {value}\n\n{markdown_table(results, value=value)}")
-        lossless = lossless_markdown(results)
-        if lossless:
-            parts.append(f"### greedy output identical to AR (prompts)\n\n{lossless}")
+    checked = results if lossless_path is None else load_results(lossless_path)
+    lossless = lossless_markdown(checked)
+    if lossless:
+        parts.append(f"### greedy output identical to AR (prompts{_dtype_note(checked)})\n\n{lossless}")
     if (results["kind"] == "stage").any():
         parts.append(f"### stages (ms per step)\n\n{render_markdown(stage_table(results))}")
     return "\n".join(parts)
+
+
+def _dtype_note(results) -> str:
+    """", dtype X" when every run row of the file shares one engine dtype."""
+    import json
+
+    dtypes = {json.loads(flags or "{}").get("dtype", "auto") for flags in results["engine_flags"].fillna("")}
+    return f", {dtypes.pop()}" if len(dtypes) == 1 else ""

@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     every.add_argument("--results", required=True, help="results file written by `python -m eval run` (.parquet or .csv)")
     every.add_argument("--out", required=True, help="output folder (created if missing)")
+    every.add_argument("--lossless", metavar="FILE",
+                       help="results file of a separate greedy run (e.g. fp32 beside a timed bf16 run) "
+                            "whose outputs are compared with AR's for the identity table; default: --results")
     every.add_argument("--decode-pair", action="append", default=[], metavar="GREEDY=EXACT",
                        help="pair two systems for the decode-rule ablation when their names do not follow "
                             "the X-greedy / X-viterbi rule (repeatable)")
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             from plots.report import write_all
 
             pairs = _parse_pairs(args.decode_pair)
-            report = write_all(df, args.out, decode_pairs=pairs, source=args.results)
+            lossless = None if args.lossless is None else load_results(args.lossless)
+            report = write_all(df, args.out, decode_pairs=pairs, source=args.results, lossless=lossless,
+                               lossless_source=args.lossless)
             print(f"wrote {len(report.figures)} figures, {len(report.tables)} tables, "
                   f"skipped {len(report.skipped)}; index: {report.index}")
         else:

@@ -51,13 +51,17 @@ class Report:
 
 
 def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str] | None = None,
-              source: str = "results") -> Report:
+              source: str = "results", lossless: pd.DataFrame | None = None,
+              lossless_source: str | None = None) -> Report:
     """Write every supported figure (PNG + SVG) and table (.md + .tex) plus out_dir/index.md.
 
     df: results table (validated here). decode_pairs: extra {greedy system: exact system}
     pairs for the decode-rule ablation beyond the X-greedy / X-viterbi naming rule.
+    lossless (from lossless_source): a separate greedy run's results for the identity table, e.g.
+    fp32 beside a timed bf16 run (default: df itself).
     """
     df = validate_results(df, source)
+    checked = df if lossless is None else validate_results(lossless, lossless_source or "lossless results")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report()
@@ -97,7 +101,7 @@ def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str
         figure("stage_bars" + describe(values)[0], partial(stage_bars, rows))
 
     _write_tables(report, out_dir, main_setting(runs, keep_sweeps=True).rows, stages, pairs)
-    report.index = _write_index(report, out_dir, df, source)
+    report.index = _write_index(report, out_dir, df, source, checked, lossless_source)
     return report
 
 
@@ -126,7 +130,8 @@ def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages
         table("table_stages", "per-step stage decomposition in ms (Table 3 style)", partial(stage_table, stages))
 
 
-def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str) -> Path:
+def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str, checked: pd.DataFrame,
+                 checked_source: str | None) -> Path:
     runs, stages = run_rows(df), stage_rows(df)
     lines = [
         "# Results figures and tables",
@@ -150,11 +155,12 @@ def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str) -
         md, tex = written.files
         lines += [f"### {written.stem}", "", f"{written.title}. [Markdown]({md.name}) · [LaTeX]({tex.name})", "",
                   md.read_text(encoding="utf-8"), ""]
-    lossless = lossless_markdown(df)
+    lossless = lossless_markdown(checked)
     if lossless:
         (out_dir / "lossless.md").write_text(lossless, encoding="utf-8")
+        origin = f" in `{Path(checked_source).name}`" if checked_source else ""
         lines += ["## Greedy output identical to AR", "", "Prompts whose generated token ids equal "
-                  "plain decoding's ([lossless.md](lossless.md)).", "", lossless, ""]
+                  f"plain decoding's{origin} ([lossless.md](lossless.md)).", "", lossless, ""]
     lines += ["## Skipped", ""]
     lines += [f"- **{name}**: {reason}" for name, reason in report.skipped] or ["Nothing was skipped."]
     if report.notes:

@@ -1,6 +1,8 @@
 """The README's main command: the real target with the drafts shipped in testbed/smollm2, cut down
-to two systems, one prompt per benchmark and 16 tokens (the stage decomposition included)."""
+to two systems, one prompt per benchmark and 16 tokens (the stage decomposition included): a timed
+bf16 pass and an fp32 pass whose greedy outputs are compared with plain decoding."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -31,8 +33,14 @@ def test_run_sh_evaluates_the_shipped_drafts_and_writes_plots(tmp_path):
     assert set(runs["benchmark"]) == {"humaneval", "mtbench", "aime2024", "math500", "aime2025",
                                       "gsm8k", "alpacaeval"}
     assert set(results.loc[results["kind"] == "stage", "system"]) == {"LiLiCorr-greedy"}
-    assert "greedy output identical to AR" in proc.stdout
+    checked = pd.read_csv(tmp_path / "lossless.csv")
+    assert set(checked["system"]) == {"AR", "LiLiCorr-greedy"}
+    assert {json.loads(f)["dtype"] for f in results["engine_flags"]} == {"bfloat16"}
+    assert {json.loads(f)["dtype"] for f in checked["engine_flags"]} == {"float32"}
+    assert "greedy output identical to AR (prompts, float32)" in proc.stdout
+    assert "≠" not in proc.stdout.split("greedy output identical to AR")[1]
     assert "### tau" in proc.stdout
     index = (tmp_path / "plots" / "index.md").read_text()
+    assert "in `lossless.csv`" in index
     assert "speedup_bars.png" in index
     assert (tmp_path / "plots" / "speedup_bars.png").stat().st_size > 1000

@@ -512,3 +512,29 @@ def test_plots_imports_neither_vllm_nor_torch():
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _greedy_rows(dtype: str, dflash_hashes: list[str]) -> pd.DataFrame:
+    flags = json.dumps({"dtype": dtype})
+    rows = [_row(kind="run", system=system, benchmark="gsm8k", temperature=0.0, concurrency=1, seed=42, input_len=0,
+                 tau=tau, speedup=1.0, tokens_per_s=100.0, target=Q8, engine_flags=flags,
+                 output_hashes=json.dumps(hashes))
+            for system, tau, hashes in (("AR", 1.0, ["a", "b"]), ("DFlash", 2.0, dflash_hashes))]
+    return pd.DataFrame(rows)
+
+
+def test_identity_table_can_come_from_a_separate_greedy_run(tmp_path):
+    """The timed run (bf16) parts from AR on one prompt; the fp32 run given as `lossless` does
+    not: the summary and the index report the fp32 run's check, with its dtype and file."""
+    from eval.summary import summary_text
+
+    timed, checked = tmp_path / "results.csv", tmp_path / "lossless.csv"
+    _greedy_rows("bfloat16", ["a", "x"]).to_csv(timed, index=False)
+    _greedy_rows("float32", ["a", "b"]).to_csv(checked, index=False)
+    assert "1/2 **≠**" in summary_text(timed)
+    text = summary_text(timed, lossless_path=checked)
+    assert "identical to AR (prompts, float32)" in text and "2/2" in text and "≠" not in text
+    write_all(load_results(timed), tmp_path / "plots", source=str(timed),
+              lossless=load_results(checked), lossless_source=str(checked))
+    index = (tmp_path / "plots" / "index.md").read_text()
+    assert "in `lossless.csv`" in index and "2 of 2" in index
