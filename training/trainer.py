@@ -47,6 +47,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     warmup_ratio: float = 0.04
+    warmup_steps: int | None = None  # when set, the warmup length in steps (warmup_ratio unused)
     min_lr_ratio: float = 0.0
     clip_grad_norm: float = 1.0
 
@@ -57,6 +58,8 @@ class OptimConfig:
                              f"{sorted(self.weight_decay)} must name the same module groups")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
 @dataclass
@@ -127,9 +130,11 @@ def param_groups(modules: dict[str, nn.Module], optim: OptimConfig) -> list[dict
     return groups
 
 
-def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0) -> Callable[[int], float]:
-    """LR multiplier: linear warmup over ceil(warmup_ratio * total) steps, then cosine decay."""
-    warmup = math.ceil(warmup_ratio * total_steps)
+def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0,
+                       warmup_steps: int | None = None) -> Callable[[int], float]:
+    """LR multiplier: linear warmup over ceil(warmup_ratio * total) steps (or exactly
+    `warmup_steps` when given), then cosine decay to min_lr_ratio."""
+    warmup = math.ceil(warmup_ratio * total_steps) if warmup_steps is None else int(warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -201,7 +206,8 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            cosine_with_warmup(self.total_steps, config.optim.warmup_ratio, config.optim.min_lr_ratio),
+            cosine_with_warmup(self.total_steps, config.optim.warmup_ratio, config.optim.min_lr_ratio,
+                               config.optim.warmup_steps),
         )
         self.step = 0
         self.wrapped = model
