@@ -19,6 +19,8 @@ stages, and an interrupted one resumes from its partial output):
                (recipe smollm2/lilicorr);
   dels_gru, dels_markov  DeLS short heads with the unigram prior, on the same data;
   measure      held-out teacher-forced tau of every draft.
+The regenerate, tokenize, draft, DeLS and measure stages are the shared functions of
+training/build_stages/ (training.testbed runs them for the offline tiny target).
 OUT/manifest.json gathers the fragments, the recipes, seeds, versions and the target's sha256.
 """
 
@@ -34,24 +36,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from training.build_stages.dels import dels_stage
+from training.build_stages.drafts import draft_stage
+from training.build_stages.jsonl import read_jsonl, write_jsonl
+from training.build_stages.measure import measure_stage
+from training.build_stages.regenerate import regenerate_stage
+from training.build_stages.tokenization import tokenize_stage
+from training.build_stages.versions import versions
 from training.recipe import apply_overrides, load_recipe
 from training.stages import finished_stages, run_stage
 
 
 def _hash_order(record_id: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def _draft_recipe(name: str, paths: dict[str, str]) -> dict:
@@ -97,7 +96,7 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
         spec = recipe["prompts"]
         generate_prompts(str(target_dir), data / "magpie.jsonl", spec["count"], seed=seed,
                          max_tokens=spec["max_tokens"], max_model_len=1024, enforce_eager=True)
-        return {"requests": spec["count"], "kept": len(_read_jsonl(data / "magpie.jsonl")),
+        return {"requests": spec["count"], "kept": len(read_jsonl(data / "magpie.jsonl")),
                 "method": "Magpie-style user turns by the target, T=1, topics in training.magpie.TOPICS"}
 
     stage("prompts", prompts)
@@ -113,47 +112,31 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     stage("decontaminate", decontaminate)
 
     def split():
-        rows = sorted(_read_jsonl(data / "prompts.clean.jsonl"), key=lambda r: _hash_order(r["id"], seed))
+        rows = sorted(read_jsonl(data / "prompts.clean.jsonl"), key=lambda r: _hash_order(r["id"], seed))
         n_held, n_train = recipe["split"]["heldout"], recipe["split"]["train"]
-        _write_jsonl(data / "heldout_prompts.jsonl", rows[:n_held])
-        _write_jsonl(data / "train_prompts.jsonl", rows[n_held:n_held + n_train])
+        write_jsonl(data / "heldout_prompts.jsonl", rows[:n_held])
+        write_jsonl(data / "train_prompts.jsonl", rows[n_held:n_held + n_train])
         return {"heldout": len(rows[:n_held]), "train": len(rows[n_held:n_held + n_train]),
                 "unused": max(0, len(rows) - n_held - n_train)}
 
     stage("split", split)
 
-    def regenerate():
-        from training.data import read_jsonl_conversations
-        from training.regenerate import regenerate_conversations, vllm_chat_generator
-
-        spec = recipe["regenerate"]
-        generate = vllm_chat_generator(str(target_dir), max_tokens=spec["max_tokens"],
-                                       max_model_len=spec["max_model_len"], seed=seed)
-        counts = {}
-        for part in ("heldout", "train"):
-            regenerate_conversations(read_jsonl_conversations(data / f"{part}_prompts.jsonl"), generate,
-                                     data / f"{part}_regenerated.jsonl", chunk_size=spec["chunk_size"])
-            counts[part] = len(_read_jsonl(data / f"{part}_regenerated.jsonl"))
-        del generate
-        return {"conversations": counts, "max_tokens": spec["max_tokens"], "decoding": "greedy"}
-
-    stage("regenerate", regenerate)
+    parts = ("heldout", "train")
+    spec = recipe["regenerate"]
+    stage("regenerate", lambda: regenerate_stage(
+        target_dir, {part: (data / f"{part}_prompts.jsonl", data / f"{part}_regenerated.jsonl") for part in parts},
+        max_tokens=spec["max_tokens"], max_model_len=spec["max_model_len"], seed=seed,
+        chunk_size=spec["chunk_size"]))
 
     def tokenize():
         from transformers import AutoTokenizer
 
-        from training.data import TokenizedDataset, read_jsonl_conversations
+        from training.data import read_jsonl_conversations
 
-        tokenizer = AutoTokenizer.from_pretrained(target_dir)
-        counts = {}
-        for part in ("heldout", "train"):
-            dataset = TokenizedDataset.from_conversations(
-                tokenizer, read_jsonl_conversations(data / f"{part}_regenerated.jsonl"),
-                recipe["regenerate"]["max_model_len"], progress=True)
-            dataset.save(data / f"{part}.jsonl")
-            counts[part] = {"examples": len(dataset), "tokens": sum(map(len, dataset.input_ids)),
-                            "supervised_tokens": int(sum(sum(m) for m in dataset.loss_masks))}
-        return counts
+        return tokenize_stage(AutoTokenizer.from_pretrained(target_dir),
+                              {part: (read_jsonl_conversations(data / f"{part}_regenerated.jsonl"),
+                                      data / f"{part}.jsonl") for part in parts},
+                              spec["max_model_len"], progress=True)
 
     stage("tokenize", tokenize)
 
@@ -162,22 +145,10 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
     def draft(method: str, name: str, extra: dict | None = None):
         def run():
-            from transformers import AutoTokenizer
-
-            from training.pipeline import run_draft_training
-
             draft_recipe = _draft_recipe(recipe["recipes"][name],
                                          {**paths, "train.output_dir": str(out / "runs" / name), **(extra or {})})
             draft_recipe["method"] = method
-            result = run_draft_training(draft_recipe, resume=True)
-            destination = drafts / name
-            shutil.copytree(result["export_dir"], destination, dirs_exist_ok=True)
-            AutoTokenizer.from_pretrained(target_dir).save_pretrained(destination)
-            history = result["history"]
-            tail = history[-20:]
-            return {"recipe": draft_recipe, "steps": result["trainer"].step, "path": str(destination),
-                    "train_tail": {k: round(sum(h[k] for h in tail) / len(tail), 4)
-                                   for k in ("loss", "accept_argmax", "slot_accuracy") if tail and k in tail[0]}}
+            return draft_stage(draft_recipe, drafts / name, target_dir, resume=True)
         return run
 
     stage("dflash", draft("dflash", "dflash"))
@@ -185,53 +156,31 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
     for kind in ("gru", "markov"):
         def dels(kind=kind):
-            from training.train_dels import run_dels_training
-
             dels_recipe = _draft_recipe(recipe["recipes"][f"dels_{kind}"],
                                         {**paths, "train.output_dir": str(out / "runs" / f"dels_{kind}")})
-            result = run_dels_training(dels_recipe, resume=True)
             folder = drafts / "dflash" / ("dels" if kind == "gru" else "dels_markov")
-            resave_dels_bf16(result["export_dir"], folder, target_dir)
-            return {"recipe": dels_recipe, "path": str(folder)}
+            # Shipped in bf16 like the drafts (the prior stays fp32).
+            return dels_stage(dels_recipe, folder, torch.bfloat16, resume=True)
 
         stage(f"dels_{kind}", dels)
 
     def measure():
-        import torch
         from transformers import AutoModelForCausalLM
 
         from training.data import TokenizedDataset
-        from training.testbed import drafter_acceptance
 
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
         heldout = TokenizedDataset.load(data / "heldout.jsonl")
-        anchors = recipe["measure"]["num_anchors"]
-        dflash = drafter_acceptance(drafts / "dflash", False, target, heldout, anchors, seed)
-        lilicorr = drafter_acceptance(drafts / "lilicorr", True, target, heldout, anchors, seed)
-        return {"heldout_examples": len(heldout), "anchors_per_example": anchors,
-                "heldout_tau": {"dflash": round(1 + dflash["accept_argmax"], 4),
-                                "lilicorr_argmax": round(1 + lilicorr["accept_argmax"], 4),
-                                "lilicorr_greedy_walk": round(1 + lilicorr["accept_walk"], 4)}}
+        return measure_stage(target, heldout, drafts / "dflash", drafts / "lilicorr",
+                             recipe["measure"]["num_anchors"], seed)
 
     stage("measure", measure)
 
-    from training.testbed import _versions
-
     manifest = {"command": command, "recipe": recipe, "seed": seed, "stages": finished_stages(out),
-                "target_weights_sha256": stages["target"]["weights_sha256"], "versions": _versions()}
+                "target_weights_sha256": stages["target"]["weights_sha256"], "versions": versions()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"[realbed] wrote {out / 'manifest.json'}")
     return manifest
-
-
-def resave_dels_bf16(source: Path, folder: Path, target_dir: Path) -> None:
-    """The DeLS folder with bf16 head weights (the prior stays fp32), as the drafts are shipped."""
-    import torch
-
-    from training.export import resave_dels
-    from training.train_dels import load_target_embedding
-
-    resave_dels(source, folder, load_target_embedding(str(target_dir)), torch.bfloat16)
 
 
 SHIPPED = ("dflash", "lilicorr")  # dflash/ holds the DeLS folders dels/ and dels_markov/

@@ -1,0 +1,121 @@
+"""The shared build stages (training/build_stages/) as training.realbed calls them: from paths on disk,
+each returning its manifest fragment (the smoke testbed in test_testbed.py calls them with
+in-memory inputs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training.build_stages.dels import dels_stage
+from training.build_stages.drafts import draft_stage, run_tail, tail_means
+from training.build_stages.measure import measure_stage
+from training.build_stages.tokenization import tokenize_stage
+from training.data import TokenizedDataset
+
+
+def _train(output_dir, lrs):
+    return {"output_dir": str(output_dir), "max_steps": 2, "batch_size": 2, "precision": "fp32", "seed": 0,
+            "save_every": 100, "log_every": 1, "keep_checkpoints": 1,
+            "optim": {"lr": lrs, "weight_decay": {k: 0.0 for k in lrs}, "warmup_ratio": 0.0}}
+
+
+def test_tail_means_skip_missing_keys():
+    history = [{"loss": 4.0}, {"loss": 2.0, "ce": 1.0}, {"loss": 1.0, "ce": 3.0}]
+    assert tail_means(history, ("loss", "ce", "other"), 2) == {"loss": 1.5, "ce": 2.0}
+    assert tail_means([], ("loss",), 10) == {}
+
+
+def test_the_tail_of_a_resumed_run_reads_the_steps_before_it_from_metrics_jsonl(tmp_path):
+    from types import SimpleNamespace
+
+    # Steps 1..6 were logged; the checkpoint was at 4, so the resumed run logs 5..6 again.
+    lines = [{"step": s, "loss": float(s)} for s in range(1, 7)] + [{"step": s, "loss": 10.0 * s} for s in (5, 6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trainer = SimpleNamespace(output_dir=tmp_path, step=6)
+    resumed = {"history": [{"step": 5, "loss": 50.0}, {"step": 6, "loss": 60.0}], "trainer": trainer}
+    assert run_tail(resumed, ("loss",), 4) == {"loss": (3 + 4 + 50 + 60) / 4}
+    finished = {"history": [], "trainer": trainer}  # resumed from the final checkpoint
+    assert run_tail(finished, ("loss",), 2) == {"loss": 55.0}
+    whole = {"history": [{"step": s, "loss": float(s)} for s in range(1, 7)], "trainer": trainer}
+    assert run_tail(whole, ("loss",), 4) == {"loss": 4.5}
+
+
+@pytest.mark.slow
+def test_stages_from_paths_return_their_fragments(tiny_models, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir = tiny_models["target"]
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    conversations = [{"id": str(i), "messages": [
+        {"role": "user", "content": f"count from {i}"},
+        {"role": "assistant", "content": " ".join(str(i + k) for k in range(30))}]} for i in range(6)]
+    data = tmp_path / "data"
+    tokenized = tokenize_stage(tokenizer, {"heldout": (conversations[:2], data / "heldout.jsonl"),
+                                           "train": (conversations, data / "train.jsonl")}, 256)
+    assert list(tokenized) == ["heldout", "train"] and tokenized["train"]["examples"] == 6
+    assert tokenized["train"]["supervised_tokens"] == sum(
+        sum(m) for m in TokenizedDataset.load(data / "train.jsonl").loss_masks)
+
+    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+    common = {"target": target_dir, "target_dtype": "float32", "data": str(data / "train.jsonl"), "device": "cpu",
+              "num_anchors": 4, "export_dtype": "bfloat16"}
+    drafter = {"num_hidden_layers": 1, "block_size": 4, "mask_token_id": mask, "target_layer_ids": [1, 3]}
+    dflash = draft_stage({**common, "method": "dflash", "drafter": drafter,
+                          "train": _train(tmp_path / "runs/dflash", {"drafter": 1e-3})},
+                         tmp_path / "drafts/dflash", target_dir, progress=False)
+    lilicorr = draft_stage({**common, "method": "lilicorr", "drafter": drafter,
+                            "lattice": {"candidate_topk": 4, "hidden_size": 0, "num_layers": 1, "num_heads": 2,
+                                        "factor_dim": 16},
+                            "train": _train(tmp_path / "runs/lilicorr", {"drafter": 1e-3, "head": 1e-3})},
+                           tmp_path / "drafts/lilicorr", target_dir, progress=False)
+    for fragment, folder in ((dflash, "dflash"), (lilicorr, "lilicorr")):
+        assert fragment["steps"] == 2 and fragment["path"] == str(tmp_path / "drafts" / folder)
+        assert set(fragment["train_tail"]) == {"loss", "accept_argmax", "slot_accuracy"}
+        assert (tmp_path / "drafts" / folder / "tokenizer_config.json").is_file()
+        json.dumps(fragment)
+
+    dels = {}
+    heads = {"gru": {"kind": "gru", "hidden_size": 16, "rank": 8}, "markov": {"kind": "markov", "rank": 8}}
+    for kind, head in heads.items():
+        folder = tmp_path / "drafts/dflash" / ("dels" if kind == "gru" else "dels_markov")
+        fragment = dels_stage({"method": "dels", "target": target_dir, "data": str(data / "train.jsonl"),
+                               "device": "cpu", "head": head, "block_size": 4, "num_anchors": 4,
+                               "train": _train(tmp_path / f"runs/dels_{kind}", {"head": 1e-3})},
+                              folder, torch.bfloat16, progress=False)
+        assert fragment["path"] == str(folder) and fragment["steps"] == 2 and "ce" in fragment["train_tail"]
+        assert json.loads((folder / "config.json").read_text())["kind"] == kind
+        dels[kind] = folder
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    heldout = TokenizedDataset.load(data / "heldout.jsonl")
+    measured = measure_stage(target, heldout, tmp_path / "drafts/dflash", tmp_path / "drafts/lilicorr", 4, 0,
+                             dels_dirs=dels, block_size=4)
+    assert measured["heldout_examples"] == 2 and measured["anchors_per_example"] == 4
+    assert set(measured["heldout_tau"]) == {"dflash", "lilicorr_argmax", "lilicorr_greedy_walk"}
+    assert all(1.0 <= tau <= 4 for tau in measured["heldout_tau"].values())
+    assert set(measured["dels_heldout_ce"]) == {"gru", "markov"}
+    # Without DeLS folders the fragment is the one training.realbed records.
+    assert "dels_heldout_ce" not in measure_stage(target, heldout, tmp_path / "drafts/dflash",
+                                                  tmp_path / "drafts/lilicorr", 4, 0)
+
+
+def test_realbed_runs_the_same_stages_in_order(tmp_path, monkeypatch):
+    import training.realbed as realbed
+    from training.recipe import load_recipe
+
+    names = []
+
+    def record(out, name, fn, log=print):
+        names.append(name)
+        return {"weights_sha256": "0" * 64}
+
+    monkeypatch.setattr(realbed, "_eval_cli", lambda *args: str(tmp_path / "target") + "\n")
+    monkeypatch.setattr(realbed, "run_stage", record)
+    (tmp_path / "out").mkdir()
+    manifest = realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None)
+    assert names == ["target", "benchmarks", "prompts", "decontaminate", "split", "regenerate", "tokenize",
+                     "dflash", "lilicorr", "dels_gru", "dels_markov", "measure"]
+    assert manifest["target_weights_sha256"] == "0" * 64 and set(manifest["versions"]) >= {"torch", "vllm"}

@@ -1,0 +1,87 @@
+"""Stage "measure": held-out, teacher-forced quality of the exported drafts on the target's own
+greedy continuations (a TokenizedDataset whose supervised tokens are the target's output)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["drafter_acceptance", "dels_heldout_ce", "measure_stage"]
+
+
+@torch.no_grad()
+def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anchors: int, seed: int) -> dict:
+    """Teacher-forced greedy acceptance of an exported draft on a tokenized dataset whose
+    supervised tokens are the target's own greedy output: mean accepted length per block of the
+    per-slot argmax ("accept_argmax") and, for LiLiCorr, of the greedy lattice walk."""
+    from training.data import collate
+    from training.export import load_dflash, load_lilicorr
+    from training.features import OnlineFeatures, frozen_target_weights
+    from training.losses import LossWeights
+    from training.objective import DraftObjective
+    from training.trainer import seeds_for
+
+    drafter, lattice = load_lilicorr(draft_dir) if lilicorr else (load_dflash(draft_dir), None)
+    embed, lm_head = frozen_target_weights(target)
+    objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), lattice=lattice and lattice.eval(),
+                               weights=LossWeights(distractor=0.0), num_anchors=num_anchors)
+    features = OnlineFeatures(target, drafter.config.target_layer_ids, final_hidden=False)
+    sums: dict[str, float] = {}
+    blocks = 0.0
+    for i in range(len(dataset)):
+        batch = collate([dataset[i]])
+        terms = objective(batch["input_ids"], batch["loss_mask"], features(batch)["target_taps"],
+                          seeds_for([i], seed, 0))
+        n = float(terms["blocks"])
+        blocks += n
+        for key in ("accept_argmax", "accept_walk"):
+            if key in terms:
+                sums[key] = sums.get(key, 0.0) + float(terms[key]) * n
+    return {key: value / max(blocks, 1.0) for key, value in sums.items()}
+
+
+@torch.no_grad()
+def dels_heldout_ce(dels_dir: Path, embed: torch.Tensor, dataset, block_size: int, num_anchors: int,
+                    seed: int) -> float:
+    """Next-token CE of an exported short head on a held-out TokenizedDataset (as in training)."""
+    from training.data import collate
+    from training.train_dels import ShortHeadObjective
+    from training.trainer import seeds_for
+    from vllm_liliprop.heads.dels_io import load_dels_head
+
+    head, _, _ = load_dels_head(dels_dir, embed.float(), embed.shape[0])
+    objective = ShortHeadObjective(head.eval(), block_size, num_anchors)
+    total, count = 0.0, 0.0
+    for i in range(len(dataset)):
+        batch = collate([dataset[i]])
+        terms = objective(batch["input_ids"], batch["loss_mask"], seeds_for([i], seed, 0))
+        total += float(terms["loss"]) * float(terms["supervised"])
+        count += float(terms["supervised"])
+    return total / max(count, 1.0)
+
+
+def measure_stage(target, heldout, dflash_dir: str | Path, lilicorr_dir: str | Path, num_anchors: int, seed: int,
+                  *, dels_dirs: dict[str, str | Path] | None = None, block_size: int | None = None) -> dict[str, Any]:
+    """target: the target model (fp32, eval); heldout: a TokenizedDataset of held-out prompts.
+
+    Returns {"heldout_examples", "anchors_per_example", "heldout_tau": {"dflash",
+    "lilicorr_argmax", "lilicorr_greedy_walk"}} (tau = 1 + mean accepted drafts per block) and,
+    given dels_dirs {name: DeLS folder} and the block size, "dels_heldout_ce": {name: nats/token}.
+    """
+    dflash = drafter_acceptance(Path(dflash_dir), False, target, heldout, num_anchors, seed)
+    lilicorr = drafter_acceptance(Path(lilicorr_dir), True, target, heldout, num_anchors, seed)
+    fragment: dict[str, Any] = {
+        "heldout_examples": len(heldout), "anchors_per_example": num_anchors,
+        "heldout_tau": {"dflash": round(1 + dflash["accept_argmax"], 4),
+                        "lilicorr_argmax": round(1 + lilicorr["accept_argmax"], 4),
+                        "lilicorr_greedy_walk": round(1 + lilicorr["accept_walk"], 4)}}
+    if dels_dirs:
+        if block_size is None:
+            raise ValueError("measure_stage needs the block size to measure DeLS heads")
+        embed = target.get_input_embeddings().weight.detach().float()
+        fragment["dels_heldout_ce"] = {
+            name: round(dels_heldout_ce(Path(folder), embed, heldout, block_size, num_anchors, seed), 4)
+            for name, folder in dels_dirs.items()}
+    return fragment
