@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from plots.io import load_results
@@ -32,7 +33,5 @@ def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
 
 def _dtype_note(results) -> str:
     """", dtype X" when every run row of the file shares one engine dtype."""
-    import json
-
     dtypes = {json.loads(flags or "{}").get("dtype", "auto") for flags in results["engine_flags"].fillna("")}
     return f", {dtypes.pop()}" if len(dtypes) == 1 else ""
