@@ -38,11 +38,12 @@ def liliprop_env(options: dict | None):
 
 def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_tokens=32,
              temperature=0.0, n=1, seed=None, extra_flags=None, spec_extra=None, seeds=None,
-             metrics_out=None):
+             metrics_out=None, prepare=None):
     """(token id lists, SpecDecodeCounters, drafter) of one fresh in-process engine.
 
     seeds: one sampling seed per prompt (overrides seed). metrics_out: a dict that receives every
-    scalar metric of the engine by name."""
+    scalar metric of the engine by name. prepare: called with the drafter once the engine has
+    loaded, before generating (a test breaks a head there, as a bad weight would at run time)."""
     from vllm import LLM, SamplingParams
 
     from vllm_liliprop.vllm.metrics import SpecDecodeCounters
@@ -55,6 +56,9 @@ def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_
         }
     with liliprop_env(options):
         llm = LLM(model=str(target), **flags)
+        if prepare is not None:
+            prepare(find_drafter(llm))
+
         def params(s):
             return SamplingParams(temperature=temperature, max_tokens=max_tokens,
                                   ignore_eos=True, n=n, seed=s)

@@ -13,7 +13,7 @@ import torch
 
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
-from vllm_liliprop.rules import DraftInputs, DraftOutput
+from vllm_liliprop.rules import ArgmaxRule, DraftInputs, DraftOutput
 from vllm_liliprop.rules.dels import DelsRule
 from vllm_liliprop.rules.fallback import apply_fallback
 from vllm_liliprop.rules.lattice import LatticeRule
@@ -54,6 +54,7 @@ def _inputs(sampled: bool) -> DraftInputs:
 def _rules():
     prior = torch.empty(V, device=META)
     weights = [0.3] * S
+    yield "argmax", ArgmaxRule(), False
     yield "lattice-greedy", LatticeRule(_lattice_head(), V, "greedy"), False
     yield "lattice-viterbi", LatticeRule(_lattice_head(), V, "viterbi"), False
     yield "lattice-sampled", LatticeRule(_lattice_head(), V, "greedy", "probabilistic"), True

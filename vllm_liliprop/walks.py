@@ -18,8 +18,8 @@ lexicographically smallest index sequence, which prefers higher-ranked candidate
 
 Non-finite scores never raise. NaN ranks above every number (torch.argmax semantics), so a
 NaN entry is picked by the greedy rules; sampled steps whose softmax is not finite fall back to
-that greedy pick with a one-hot distribution. Callers that must reject such lattices check
-`torch.isfinite` on the scores themselves.
+that greedy pick with a one-hot distribution. Callers that must reject such lattices check the
+scores themselves (`vllm_liliprop.faults.non_finite_rows`, as the lattice rules do).
 
 Pure torch and batched over B; the loop over slots is sequential by nature.
 """

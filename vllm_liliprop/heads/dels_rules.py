@@ -32,6 +32,11 @@ public DeLS-Spec runtime, which its released heads were trained for: slot 0 is d
 the long (or lattice) scores alone and the short prefix starts at d_0, without the anchor.
 
 Ties: every argmax takes the lowest index (lowest token id, lowest candidate index).
+
+Faults: with `return_faulty=True` the drafting functions also return a [B] bool of the rows
+whose scores were unusable (`vllm_liliprop.faults.non_finite_rows`: NaN or +inf in a score, or
+a drafted token that scored -inf or NaN), computed on the device, so the caller can fall back
+for those rows without a host read. -inf scores alone (a reduced draft vocabulary) are fine.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from vllm_liliprop.faults import non_finite_rows
 from vllm_liliprop.heads.dels import MarkovShortHead, dels_fuse
 from vllm_liliprop.kernels import dels_argmax
 from vllm_liliprop.walks import GREEDY_TEMPERATURE
@@ -103,9 +109,29 @@ def _check_draft_inputs(long_logits, anchor_ids, head, log_prior) -> tuple[int, 
     return batch, num_slots, vocab_size
 
 
+def _picked(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """scores [B, ..., V] at ids [B, ...] -> [B, ...]."""
+    return scores.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _long_and_prior_faults(long_logits, log_prior, draft_ids, pure_draft_prefix_len):
+    """[B] bool: NaN/+inf in the long logits or the prior, or a drafted token whose long logit
+    (any slot) or prior (fused slots) is not finite."""
+    chosen = (_picked(long_logits, draft_ids), log_prior[draft_ids[:, pure_draft_prefix_len:]])
+    return non_finite_rows(long_logits, log_prior[None], chosen=chosen)
+
+
 def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick):
     """Shared slot loop. pick(slot, long [B, V], short [B, V] raw short-head logits or None for
-    a pure-draft slot, alpha_s, beta_s) -> committed ids [B]."""
+    a pure-draft slot, alpha_s, beta_s) -> committed ids [B].
+
+    Returns (ids int64 [B, S], faulty bool [B]): a row is faulty when a term of its fused scores
+    holds NaN/+inf or its drafted token's fused score is not finite. The terms are checked at
+    the drafted id instead of forming the fused scores again (the argmax kernel never forms
+    them), which is exact: with no NaN/+inf anywhere, log_softmax(short) at the id is finite
+    iff short[id] is (the normalizer is then finite too), finite terms sum to a finite score,
+    and a -inf term makes it -inf or NaN (0 * -inf under a zero weight). The short logits are
+    checked slot by slot, so no [B, S, V] of them is kept."""
     _check_prefix_len(pure_draft_prefix_len)
     batch, num_slots, _ = _check_draft_inputs(long_logits, anchor_ids, head, log_prior)
     device = long_logits.device
@@ -115,21 +141,27 @@ def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_pre
     state = head.init_state(batch, device)
     if pure_draft_prefix_len == 0:
         state = head.advance(anchor_ids, state)
+    faulty = torch.zeros(batch, dtype=torch.bool, device=device)
     for slot in range(num_slots):
         short_logits = None if slot < pure_draft_prefix_len else head.logits_from_state(state)
         draft_ids[:, slot] = pick(slot, long_logits[:, slot], short_logits, alphas[slot], betas[slot])
+        if short_logits is not None:
+            faulty |= non_finite_rows(short_logits, chosen=_picked(short_logits, draft_ids[:, slot]))
         if slot + 1 < num_slots:
             state = head.advance(draft_ids[:, slot], state)
-    return draft_ids
+    faulty |= _long_and_prior_faults(long_logits, log_prior, draft_ids, pure_draft_prefix_len)
+    return draft_ids, faulty
 
 
 @torch.no_grad()
 def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_prior: torch.Tensor,
-               alpha: Schedule, beta: Schedule, *, pure_draft_prefix_len: int = 0) -> torch.Tensor:
+               alpha: Schedule, beta: Schedule, *, pure_draft_prefix_len: int = 0,
+               return_faulty: bool = False):
     """Greedy DeLS drafting over the full vocabulary.
 
     long_logits [B, S, V] float, anchor_ids [B] int, head: GRUShortHead or MarkovShortHead,
-    log_prior [V], alpha/beta: number or per-slot [S]. Returns int64 [B, S].
+    log_prior [V], alpha/beta: number or per-slot [S]. Returns int64 [B, S], or (ids, faulty
+    bool [B]) with return_faulty (module docstring, Faults).
     Slots are committed left to right; alpha = beta = 0 gives exactly long_logits.argmax(-1).
     Each slot's fused argmax goes through the kernel dispatcher: one fused Triton pass over
     the vocabulary on CUDA (no [B, V] fused tensor), dels_fuse(...).argmax on CPU.
@@ -139,14 +171,16 @@ def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_pr
             return long.argmax(dim=-1)
         return dels_argmax(long, short, log_prior, alpha_s, beta_s)
 
-    return _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick)
+    ids, faulty = _draft(long_logits, anchor_ids, head, log_prior, alpha, beta,
+                         pure_draft_prefix_len, pick)
+    return (ids, faulty) if return_faulty else ids
 
 
 @torch.no_grad()
 def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head,
                        log_prior: torch.Tensor, alpha: Schedule, beta: Schedule,
                        temperature: torch.Tensor | float, generator: torch.Generator | None = None,
-                       *, pure_draft_prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                       *, pure_draft_prefix_len: int = 0, return_faulty: bool = False):
     """Sampled DeLS drafting.
 
     Slot s of request b draws d_s ~ softmax(fused_s / T_b), fused_s as in `dels_draft`; a row
@@ -154,7 +188,10 @@ def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head
     greedy and its distribution is the one-hot of the argmax.
     temperature: [B] (or a number). Returns (ids int64 [B, S], probs fp32 [B, S, V]),
     probs being exactly the distributions the ids were drawn from (what a lossless
-    rejection sampler needs as the draft distribution q).
+    rejection sampler needs as the draft distribution q); with return_faulty also faulty
+    bool [B] (module docstring, Faults). A row whose softmax is not finite (NaN or +inf
+    scores) is drawn greedily, as in `walks.sampled_walk`, so probs are always finite and
+    one bad row cannot make torch.multinomial fail the whole batch; such a row is faulty.
     """
     batch, num_slots, vocab_size = _check_draft_inputs(long_logits, anchor_ids, head, log_prior)
     device = long_logits.device
@@ -171,13 +208,14 @@ def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head
         fused = long.float() if short is None else dels_fuse(long, short, log_prior, alpha_s, beta_s)
         one_hot = F.one_hot(fused.argmax(dim=-1), vocab_size).float()
         slot_probs = torch.softmax(fused.float() / safe_temperature, dim=-1)
-        probs[:, slot] = torch.where(greedy[:, None], one_hot, slot_probs)
+        use_soft = ~greedy[:, None] & torch.isfinite(slot_probs).all(dim=-1, keepdim=True)
+        probs[:, slot] = torch.where(use_soft, slot_probs, one_hot)
         # A one-hot row can only draw its argmax, so greedy rows need no special path here.
         return torch.multinomial(probs[:, slot], 1, generator=generator)[:, 0]
 
-    draft_ids = _draft(long_logits, anchor_ids, head, log_prior, alpha, beta,
-                       pure_draft_prefix_len, pick)
-    return draft_ids, probs
+    draft_ids, faulty = _draft(long_logits, anchor_ids, head, log_prior, alpha, beta,
+                               pure_draft_prefix_len, pick)
+    return (draft_ids, probs, faulty) if return_faulty else (draft_ids, probs)
 
 
 def _check_lattice_inputs(candidate_ids, anchor_ids, head, log_prior) -> tuple[int, int, int]:
@@ -234,14 +272,16 @@ def lattice_dels_terms_markov(candidate_ids: torch.Tensor, anchor_ids: torch.Ten
 @torch.no_grad()
 def greedy_walk_with_short_head(start: torch.Tensor, pairs: torch.Tensor, candidate_ids: torch.Tensor,
                                 anchor_ids: torch.Tensor, head, log_prior: torch.Tensor,
-                                alpha: Schedule, beta: Schedule, *, pure_draft_prefix_len: int = 0
-                                ) -> torch.Tensor:
+                                alpha: Schedule, beta: Schedule, *, pure_draft_prefix_len: int = 0,
+                                return_faulty: bool = False):
     """Greedy lattice walk with the DeLS bonus evaluated step by step (any short head).
 
     start [B, K], pairs [B, S-1, K, K] (lattice scores, any float dtype), candidate_ids [B, S, K],
     anchor_ids [B], log_prior [V], alpha/beta number or [S]. Returns int64 [B, S] candidate
     indices; ties go to the lowest index. With the Markov head the choices equal a plain
     greedy walk over (start + start_bonus, pairs + pair_bonus) from `lattice_dels_terms_markov`.
+    With return_faulty also faulty bool [B]: the scores some step chose among (lattice plus
+    bonus) held NaN/+inf, or its pick scored -inf or NaN.
     """
     _check_prefix_len(pure_draft_prefix_len)
     batch, num_slots, num_candidates = _check_lattice_inputs(candidate_ids, anchor_ids, head, log_prior)
@@ -256,6 +296,7 @@ def greedy_walk_with_short_head(start: torch.Tensor, pairs: torch.Tensor, candid
     prior_at = log_prior.float()[candidate_ids]
     rows = torch.arange(batch, device=device)
     walk = torch.empty(batch, num_slots, dtype=torch.long, device=device)
+    faulty = torch.zeros(batch, dtype=torch.bool, device=device)
 
     state = head.init_state(batch, device)
     if pure_draft_prefix_len == 0:
@@ -267,10 +308,11 @@ def greedy_walk_with_short_head(start: torch.Tensor, pairs: torch.Tensor, candid
             scores = scores + (alphas[slot] * short_logits - betas[slot] * prior_at[:, slot])
         chosen = scores.argmax(dim=-1)
         walk[:, slot] = chosen
+        faulty |= non_finite_rows(scores, chosen=_picked(scores, chosen))
         if slot + 1 < num_slots:
             state = head.advance(candidate_ids[rows, slot, chosen], state)
             scores = pairs[rows, slot, chosen].float()
-    return walk
+    return (walk, faulty) if return_faulty else walk
 
 
 @torch.no_grad()

@@ -12,6 +12,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from vllm_liliprop.faults import non_finite_rows
+
 
 @dataclass
 class DraftInputs:
@@ -45,8 +47,9 @@ class DraftOutput:
     token_ids: torch.Tensor  # [B, S] int64
     # [B, S, V] fp32 distributions the drafts were sampled from, or None for deterministic drafts.
     probs: torch.Tensor | None = None
-    # [B] bool: rows whose scores were unusable (NaN/Inf); the proposer replaces them with the
-    # drafter's argmax. None means every row is fine. The replacement happens on the device
+    # [B] bool: rows whose scores were unusable (`faults.non_finite_rows`: NaN or +inf in a score,
+    # or a drafted token that scored -inf or NaN); the proposer replaces them with the drafter's
+    # argmax. None means the rule never flags rows. The replacement happens on the device
     # whether or not a row is flagged (see rules/fallback.py), so this costs no host sync.
     faulty_rows: torch.Tensor | None = None
     # [B, S] int64: the drafter's argmax, when the rule already has it (its top-1 candidates);
@@ -67,9 +70,16 @@ def argmax_drafts(inputs: DraftInputs) -> torch.Tensor:
 
 
 class ArgmaxRule:
-    """No head: exactly the drafter's argmax (used when only walk/sampling options are set)."""
+    """No head: exactly the drafter's argmax (used when only walk/sampling options are set).
+
+    Its fallback is itself, so flagging rows changes no draft; it makes a drafter that yields
+    NaN/+inf show up in the proposer's fault count like any head would."""
 
     name = "argmax"
 
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        return DraftOutput(argmax_drafts(inputs))
+        b, s, h = inputs.hidden.shape
+        logits = inputs.compute_logits(inputs.hidden.reshape(b * s, h)).view(b, s, -1)
+        ids = logits.argmax(-1)
+        faulty = non_finite_rows(logits, chosen=logits.gather(-1, ids.unsqueeze(-1)))
+        return DraftOutput(ids, faulty_rows=faulty, fallback_ids=ids)

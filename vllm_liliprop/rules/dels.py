@@ -80,13 +80,16 @@ class DelsRule:
         s = long_logits.shape[1]
         alpha, beta = self.alpha[:s], self.beta[:s]
         temperature = sampling_temperature(inputs, self.sampling)
+        probs = None
         if temperature is not None:
-            ids, probs = dels_draft_sampled(
+            ids, probs, faulty = dels_draft_sampled(
                 long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
-                temperature, pure_draft_prefix_len=self.pure_draft_prefix_len,
+                temperature, pure_draft_prefix_len=self.pure_draft_prefix_len, return_faulty=True,
             )
-            faulty = ~torch.isfinite(probs).flatten(1).all(-1)
-            return DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1))
-        ids = dels_draft(long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
-                         pure_draft_prefix_len=self.pure_draft_prefix_len)
-        return DraftOutput(ids)
+        else:
+            ids, faulty = dels_draft(
+                long_logits, inputs.anchor_ids, self.head, self.log_prior, alpha, beta,
+                pure_draft_prefix_len=self.pure_draft_prefix_len, return_faulty=True,
+            )
+        # The long logits are at hand: their argmax saves the fallback a second projection.
+        return DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1))

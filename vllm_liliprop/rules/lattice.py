@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_liliprop.faults import non_finite_rows
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.walks import GREEDY_TEMPERATURE, sampled_walk
+from vllm_liliprop.walks import GREEDY_TEMPERATURE, path_score, sampled_walk
 
 
 @dataclass
@@ -23,11 +24,12 @@ class Lattice:
         """[B, S]: each slot's best candidate, i.e. the drafter's argmax (ties to the lowest id)."""
         return self.candidate_ids[..., 0]
 
-    def faulty_rows(self) -> torch.Tensor:
-        finite = torch.isfinite(self.start).all(-1)
-        if self.pairs.shape[1]:
-            finite &= torch.isfinite(self.pairs).flatten(1).all(-1)
-        return ~finite
+
+def walk_faults(start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B] bool: NaN/+inf anywhere in the scores the walk ran on, or a walked path that scores
+    -inf or NaN (`faults.non_finite_rows`). Pass the scores the walk saw, terms added by the
+    rule included (lattice+DeLS), since those are where a head's fault shows up."""
+    return non_finite_rows(start, pairs, chosen=path_score(start, pairs, index))
 
 
 def sampling_temperature(inputs: DraftInputs, sampling: str) -> torch.Tensor | None:
@@ -109,4 +111,4 @@ class LatticeRule:
         else:
             index = greedy_walk(start, pairs)
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, probs, lattice.faulty_rows(), lattice.top1_ids())
+        return DraftOutput(token_ids, probs, walk_faults(start, pairs, index), lattice.top1_ids())

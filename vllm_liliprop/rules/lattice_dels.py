@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_liliprop.faults import non_finite_rows
 from vllm_liliprop.heads.dels import MarkovShortHead
 from vllm_liliprop.heads.dels_rules import (
     check_lattice_dels_walk,
@@ -62,9 +63,13 @@ class LatticeDelsRule(LatticeRule):
             return super().propose(inputs)
         lattice = self.lattice(inputs)
         alpha, beta = self._schedules(lattice.candidate_ids.shape[1])
-        index = greedy_walk_with_short_head(
+        index, walk_faulty = greedy_walk_with_short_head(
             lattice.start, lattice.pairs, lattice.candidate_ids, inputs.anchor_ids,
             self.short_head, self.log_prior, alpha, beta, pure_draft_prefix_len=self.prefix_len,
+            return_faulty=True,
         )
+        # The walk checks the steps it took (lattice plus bonus); the rest of the lattice is
+        # checked too, as the lattice rule does, so a broken lattice head is flagged either way.
+        faulty = walk_faulty | non_finite_rows(lattice.start, lattice.pairs)
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, None, lattice.faulty_rows(), lattice.top1_ids())
+        return DraftOutput(token_ids, None, faulty, lattice.top1_ids())
