@@ -220,3 +220,34 @@ def test_bf16_autocast_with_a_bf16_target_trains(tmp_path):
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     # Master weights stay fp32 under autocast.
     assert result["trainer"].trainable["drafter"].fc.weight.dtype == torch.float32
+
+
+def test_export_vocab_train_writes_upstream_reduced_vocabulary(tmp_path):
+    """export_vocab = "train": the DFlash export carries draft_vocab_size, lm_head rows and d2t
+    of the train_vocab ids; the backbone still reloads; LiLiCorr refuses (upstream needs the
+    full vocabulary); and out-of-order ids cannot be exported."""
+    from training.data import training_vocabulary
+    from training.export import draft_vocab_tensors, read_draft_vocab
+
+    dataset, target = patterned_dataset(), tiny_target()
+    recipe = tiny_recipe("dflash", tmp_path / "run", max_steps=2, save_every=100)
+    recipe.update(train_vocab={"size": 12}, export_vocab="train")
+    result = run_draft_training(recipe, target_model=target, dataset=dataset, progress=False)
+    export = result["export_dir"]
+    ids, _ = training_vocabulary(dataset, target.config.vocab_size, 12)
+    assert json.loads((export / "config.json").read_text())["draft_vocab_size"] == 12
+    assert torch.equal(read_draft_vocab(export), ids)
+    load_dflash(export)  # lm_head and d2t are not backbone weights
+    _, lm_head = frozen_target_weights(target)
+    from safetensors.torch import load_file
+
+    torch.testing.assert_close(load_file(str(export / "model.safetensors"))["lm_head.weight"].float(),
+                               lm_head[ids].to(torch.bfloat16).float())
+    with pytest.raises(ValueError, match="export_vocab"):
+        run_draft_training({**tiny_recipe("lilicorr", tmp_path / "j"), "train_vocab": {"size": 12},
+                            "export_vocab": "train"}, target_model=target, dataset=dataset, progress=False)
+    with pytest.raises(ValueError, match="train_vocab"):
+        run_draft_training({**tiny_recipe("dflash", tmp_path / "k"), "export_vocab": "train"},
+                           target_model=target, dataset=dataset, progress=False)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        draft_vocab_tensors(torch.tensor([3, 1, 2]), lm_head)

@@ -118,6 +118,33 @@ def test_vllm_drafts_equal_training_drafter_drafts(tiny_models, tmp_path, monkey
     assert _replay(tiny_models["target"], drafter, outputs, recorded, argmax) >= 10
 
 
+@pytest.mark.parametrize("options", [None, {"walk": "greedy"}], ids=["stock", "plugin-rule"])
+def test_reduced_vocabulary_drafts_are_the_argmax_over_that_vocabulary(tiny_models, tmp_path, monkeypatch,
+                                                                       options):
+    """A DFlash draft exported with a draft vocabulary (draft_vocab_size, lm_head, d2t) drafts,
+    through vLLM's mapping, exactly the training drafter's argmax over those ids, in stock vLLM
+    and through the plugin's rule path; and no draft leaves the vocabulary."""
+    from training.export import export_dflash, read_draft_vocab
+    from transformers import AutoModelForCausalLM
+
+    from training.features import frozen_target_weights
+
+    drafter = _random_drafter(tiny_models["target"])
+    target = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32)
+    _, lm_head = frozen_target_weights(target)
+    vocab = torch.arange(0, lm_head.shape[0], 3)  # every third id: the full argmax often falls outside
+    export_dflash(tmp_path / "draft", drafter, dtype=torch.float32, draft_vocab=(vocab, lm_head))
+    assert torch.equal(read_draft_vocab(tmp_path / "draft"), vocab)
+    outputs, recorded, proposer = _record_drafts(tiny_models["target"], tmp_path / "draft", monkeypatch, options)
+    assert (getattr(proposer, "draft_rule", None) is None) == (options is None)
+    assert all(t % 3 == 0 for steps in recorded for block in steps for row in block for t in row)
+
+    def argmax_in_vocab(slot_hidden, anchor_hidden, embed, lm_head):
+        return vocab[(slot_hidden[0] @ lm_head[vocab].T).argmax(-1)].tolist()
+
+    assert _replay(tiny_models["target"], drafter, outputs, recorded, argmax_in_vocab) >= 10
+
+
 def test_plugin_lattice_drafts_equal_training_objective_inputs(tiny_models, tmp_path, monkeypatch):
     """The LiLiCorr head fed as DraftObjective feeds it in training (top-K ids, full-vocabulary
     log-probs, final-normed slot states, hidden_norm(fc(taps)) before the anchor) and walked

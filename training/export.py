@@ -5,6 +5,11 @@ DFlash draft directory (`DFlashDraftModel`, served by vLLM's DFlash proposer):
                      mask_token_id, target_layer_ids, block_size;
   model.safetensors  the drafter's weights under vLLM's names (fc, hidden_norm, norm,
                      layers.i.*); embed_tokens and lm_head omitted (shared from the target).
+  With a draft vocabulary (upstream's reduced-vocabulary convention, as for EAGLE-3):
+  config.json also has draft_vocab_size = N, and model.safetensors has lm_head.weight [N, H]
+  (the target's LM head rows of those ids) and d2t [N] int64, the offset from draft id i to
+  its target id (target = i + d2t[i]). vLLM's compute_logits scatters the N logits into the
+  full vocabulary (-inf elsewhere), so every rule sees target ids.
 
 LiLiCorr draft directory (upstream `LiLiCorrDraftModel`):
   the same backbone, architectures ["LiLiCorrDraftModel"], dflash_config extended with the
@@ -33,6 +38,8 @@ __all__ = [
     "export_dels",
     "load_dflash",
     "load_lilicorr",
+    "draft_vocab_tensors",
+    "read_draft_vocab",
     "export_checkpoint",
 ]
 
@@ -54,9 +61,41 @@ def _write(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], dtype:
     return out_dir
 
 
-def export_dflash(out_dir: str | Path, drafter: DFlashDrafter, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """A `DFlashDraftModel` directory vLLM's DFlash proposer loads."""
-    return _write(Path(out_dir), drafter.config.to_hf_dict(), drafter.state_dict(), dtype)
+def export_dflash(out_dir: str | Path, drafter: DFlashDrafter, dtype: torch.dtype = torch.bfloat16,
+                  draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
+    """A `DFlashDraftModel` directory vLLM's DFlash proposer loads. `draft_vocab` = (target ids
+    [N], target LM head [V, H]) restricts its LM head to those ids (a cheaper draft step: the
+    head reads N rows instead of V)."""
+    config, tensors = drafter.config.to_hf_dict(), dict(drafter.state_dict())
+    if draft_vocab is not None:
+        ids, lm_head = draft_vocab
+        config["draft_vocab_size"] = int(ids.numel())
+        tensors.update(draft_vocab_tensors(ids, lm_head))
+    return _write(Path(out_dir), config, tensors, dtype)
+
+
+def draft_vocab_tensors(ids: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """lm_head.weight and d2t of a reduced draft vocabulary. The ids must be strictly
+    increasing: vLLM's argmax over the scattered logits then breaks ties as the draft-vocab
+    argmax does (lowest id first)."""
+    ids = ids.to(torch.int64).cpu()
+    if ids.dim() != 1 or ids.numel() == 0 or bool((ids[1:] <= ids[:-1]).any()):
+        raise ValueError("draft vocabulary ids must be a non-empty, strictly increasing 1-D tensor")
+    if int(ids[0]) < 0 or int(ids[-1]) >= lm_head.shape[0]:
+        raise ValueError(f"draft vocabulary ids must lie in [0, {lm_head.shape[0]})")
+    return {"lm_head.weight": lm_head.detach().cpu()[ids], "d2t": ids - torch.arange(ids.numel())}
+
+
+def read_draft_vocab(model_dir: str | Path) -> torch.Tensor | None:
+    """The target ids [N] of a draft's reduced vocabulary (from d2t), None for a full one."""
+    config, tensors = _read(Path(model_dir))
+    if "d2t" not in tensors:
+        return None
+    d2t = tensors["d2t"].to(torch.int64)
+    if int(config.get("draft_vocab_size", -1)) != d2t.numel():
+        raise ValueError(f"{model_dir}: d2t has {d2t.numel()} entries but config.json "
+                         f"draft_vocab_size = {config.get('draft_vocab_size')}; re-export the draft")
+    return torch.arange(d2t.numel()) + d2t
 
 
 def export_lilicorr(
@@ -114,7 +153,8 @@ def load_dflash(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> DF
     config, tensors = _read(Path(model_dir))
     drafter = DFlashDrafter(DrafterConfig.from_hf_dict(config))
     backbone = {k.removeprefix("model."): v for k, v in tensors.items()
-                if not k.startswith(LILICORR_PREFIX) and "embed_tokens" not in k and "lm_head" not in k}
+                if not k.startswith(LILICORR_PREFIX) and "embed_tokens" not in k and "lm_head" not in k
+                and k != "d2t"}
     drafter.load_state_dict(backbone, strict=True)
     return drafter.to(dtype)
 

@@ -16,7 +16,12 @@ Recipe fields (defaults in brackets):
   loss            LossWeights fields (Table 4 defaults)
   num_anchors     [512] anchors per sequence
   train_vocab     [null] {"size": N}: the loss's softmax runs over the N tokens most often
-                  supervised in the data (extension for CPU budgets; exports are unchanged)
+                  supervised in the data (extension for CPU budgets)
+  export_vocab    ["full"] | "train" (dflash only, needs train_vocab): export the draft with
+                  upstream's reduced vocabulary (draft_vocab_size, lm_head, d2t) over the
+                  train_vocab ids, so that serving computes the logits it was trained on and
+                  its LM head reads train_vocab.size rows instead of the target's vocabulary.
+                  Upstream LiLiCorr requires the full vocabulary, so lilicorr refuses it.
   train           TrainConfig fields (output_dir required)
   export_dtype    ["bfloat16"]
 The final model is exported to <output_dir>/final (DFlashDraftModel or LiLiCorrDraftModel).
@@ -117,6 +122,18 @@ def _lattice_config_dict(config: LatticeConfig) -> dict[str, Any]:
     return asdict(config)
 
 
+def _export_vocab(recipe: dict[str, Any], method: str) -> str:
+    choice = recipe.get("export_vocab", "full")
+    if choice not in ("full", "train"):
+        raise ValueError(f"export_vocab must be 'full' or 'train', got {choice!r}")
+    if choice == "train" and method != "dflash":
+        raise ValueError("export_vocab = 'train' is for method 'dflash': upstream LiLiCorr drafts "
+                         "need the full target vocabulary; remove export_vocab from the recipe")
+    if choice == "train" and not recipe.get("train_vocab"):
+        raise ValueError("export_vocab = 'train' needs train_vocab = {'size': N} in the recipe")
+    return choice
+
+
 def run_draft_training(
     recipe: dict[str, Any],
     *,
@@ -152,6 +169,7 @@ def run_draft_training(
         # fp32 training multiplies with fp32 weights; under bf16 autocast the target's own
         # (bf16) tables are used as they are, saving two vocabulary-sized fp32 copies.
         embed_weight, lm_head_weight = embed_weight.float(), lm_head_weight.float()
+    export_vocab = _export_vocab(recipe, method)
     vocab_ids, extras = None, {}
     if recipe.get("train_vocab"):
         from training.data import training_vocabulary
@@ -205,5 +223,6 @@ def run_draft_training(
         if lattice is not None:
             export_lilicorr(export_dir, drafter, lattice, dtype)
         else:
-            export_dflash(export_dir, drafter, dtype)
+            draft_vocab = (vocab_ids, lm_head_weight) if export_vocab == "train" else None
+            export_dflash(export_dir, drafter, dtype, draft_vocab)
     return {"history": history, "export_dir": export_dir, "trainer": trainer}

@@ -15,9 +15,10 @@ __all__ = ["drafter_acceptance", "dels_heldout_ce", "measure_stage"]
 def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anchors: int, seed: int) -> dict:
     """Teacher-forced greedy acceptance of an exported draft on a tokenized dataset whose
     supervised tokens are the target's own greedy output: mean accepted length per block of the
-    per-slot argmax ("accept_argmax") and, for LiLiCorr, of the greedy lattice walk."""
+    per-slot argmax ("accept_argmax") and, for LiLiCorr, of the greedy lattice walk. A draft with
+    a reduced vocabulary (d2t) is scored over that vocabulary, as vLLM serves it."""
     from training.data import collate
-    from training.export import load_dflash, load_lilicorr
+    from training.export import load_dflash, load_lilicorr, read_draft_vocab
     from training.features import OnlineFeatures, frozen_target_weights
     from training.losses import LossWeights
     from training.objective import DraftObjective
@@ -26,7 +27,8 @@ def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anc
     drafter, lattice = load_lilicorr(draft_dir) if lilicorr else (load_dflash(draft_dir), None)
     embed, lm_head = frozen_target_weights(target)
     objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), lattice=lattice and lattice.eval(),
-                               weights=LossWeights(distractor=0.0), num_anchors=num_anchors)
+                               weights=LossWeights(distractor=0.0), num_anchors=num_anchors,
+                               vocab_ids=read_draft_vocab(draft_dir))
     features = OnlineFeatures(target, drafter.config.target_layer_ids, final_hidden=False)
     sums: dict[str, float] = {}
     blocks = 0.0

@@ -1,14 +1,17 @@
 """`LiliPropProposer`: vLLM's V1 DFlash proposer with the draft choice handed to a draft rule.
 
-Only three things differ from `DFlashProposer`:
+Only four things differ from `DFlashProposer`:
 - `load_model` also builds the draft rule named by the options (lattice head, DeLS head, ...);
 - `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
   the target state at the last verified position (the LiLiCorr anchor);
 - `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
   Rows the rule could not score get the drafter's argmax on the device (rules/fallback.py):
-  the step reads nothing back to the host.
+  the step reads nothing back to the host;
+- `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
+  in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
+  materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
 With no options (a plain DFlash checkpoint, no environment override) the rule is None and every
-method is the parent's, so drafts are exactly vLLM's.
+other method is the parent's, so drafts are exactly vLLM's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from vllm_liliprop.options import resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.rules.factory import RuleResources, build_rule
+from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax
 
 logger = init_logger("vllm.liliprop.proposer")
 
@@ -67,6 +71,7 @@ class LiliPropProposer(DFlashProposer):
         self._anchor_ids: torch.Tensor | None = None
         self._anchor_hidden: torch.Tensor | None = None
         self._anchor_valid: torch.Tensor | None = None
+        self._draft_argmax: DraftVocabArgmax | None = None
         if self.liliprop_options is not None:
             logger.info(
                 "vllm-liliprop serves this draft: %s (sources: %s)",
@@ -77,6 +82,9 @@ class LiliPropProposer(DFlashProposer):
     @override
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
+        self._draft_argmax = DraftVocabArgmax.for_model(
+            self.model, vllm_paths=self.use_local_argmax_reduction or self.use_heterogeneous_vocab
+        )
         if self.liliprop_options is None:
             return
         language_model = _target_language_model(target_model)
@@ -159,6 +167,12 @@ class LiliPropProposer(DFlashProposer):
         anchor = self.model.model.hidden_norm(context_states[index])
         self._anchor_hidden = anchor * valid[:, None].to(anchor.dtype)
         self._anchor_valid = valid
+
+    @override
+    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self._draft_argmax is None:
+            return super()._greedy_sample(hidden_states)
+        return self._draft_argmax(hidden_states)
 
     @override
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
