@@ -131,6 +131,10 @@ class GRUShortHead(nn.Module):
         """state [B, H] -> logits [B, V] (head dtype)."""
         return self.rank_to_vocab(self._rank_state(state))
 
+    def rank_features(self, state: torch.Tensor) -> torch.Tensor:
+        """state [B, H] -> [B, r]: what `rank_to_vocab` projects to the logits."""
+        return self._rank_state(state)
+
     def logits_at(self, state: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """state [B, H], token_ids [B, K] -> fp32 logits [B, K] at those ids only (no V-wide work)."""
         _check_token_ids(token_ids, "token_ids", dim=2)
@@ -201,6 +205,10 @@ class MarkovShortHead(nn.Module):
     def logits_from_state(self, state: torch.Tensor) -> torch.Tensor:
         return self.pair_logits(state)
 
+    def rank_features(self, state: torch.Tensor) -> torch.Tensor:
+        """state [B] -> [B, r]: what `rank_to_vocab` projects to the logits."""
+        return self.state_embed(state)
+
     def logits_at(self, state: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """state [B], token_ids [B, K] -> fp32 [B, K]."""
         _check_token_ids(token_ids, "token_ids", dim=2)
@@ -240,6 +248,36 @@ class MarkovShortHead(nn.Module):
         """prev_ids [...] -> fp32 [...]: logsumexp of the short logits after each prev id."""
         _check_token_ids(prev_ids, "prev_ids")
         return self.log_normalizer_table()[prev_ids]
+
+
+class SubVocabShortHead:
+    """A short head whose logits cover only `vocab_ids` [N] (ascending target ids): the draft
+    vocabulary of a DFlash draft with a reduced vocabulary, outside which the drafter's logits
+    are -inf and no token can be drafted.
+
+    Over those ids the DeLS rules are unchanged: log_softmax over N instead of V differs by a
+    constant per slot, which changes no argmax, no softmax and no path comparison (each path has
+    one token per slot). What changes is the cost: the V-wide projection, log-softmax, fusion and
+    argmax of every slot run over N. States are the wrapped head's; `advance` takes target ids.
+    """
+
+    def __init__(self, head, vocab_ids: torch.Tensor):
+        if vocab_ids.dim() != 1 or vocab_ids.numel() == 0:
+            raise ValueError("vocab_ids must be a non-empty 1-D tensor of target ids")
+        self.head, self.vocab_ids = head, vocab_ids.long()
+        self.kind, self.vocab_size = head.kind, int(vocab_ids.numel())
+        # Gathered once at load: the rows of the projection the draft can use.
+        self.weight = head.rank_to_vocab.weight.detach()[self.vocab_ids].contiguous()
+
+    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+        return self.head.init_state(batch_size, device)
+
+    def advance(self, token_ids: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return self.head.advance(token_ids, state)
+
+    def logits_from_state(self, state: torch.Tensor) -> torch.Tensor:
+        """state -> logits [B, N] (head dtype) at vocab_ids."""
+        return F.linear(self.head.rank_features(state), self.weight)
 
 
 def count_tokens(token_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -121,7 +121,8 @@ def _long_and_prior_faults(long_logits, log_prior, draft_ids, pure_draft_prefix_
     return non_finite_rows(long_logits, log_prior[None], chosen=chosen)
 
 
-def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick):
+def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_prefix_len, pick,
+           vocab_ids=None):
     """Shared slot loop. pick(slot, long [B, V], short [B, V] raw short-head logits or None for
     a pure-draft slot, alpha_s, beta_s) -> committed ids [B].
 
@@ -131,7 +132,11 @@ def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_pre
     them), which is exact: with no NaN/+inf anywhere, log_softmax(short) at the id is finite
     iff short[id] is (the normalizer is then finite too), finite terms sum to a finite score,
     and a -inf term makes it -inf or NaN (0 * -inf under a zero weight). The short logits are
-    checked slot by slot, so no [B, S, V] of them is kept."""
+    checked slot by slot, so no [B, S, V] of them is kept.
+
+    vocab_ids [V] (target ids), for a head restricted to a draft vocabulary
+    (`dels.SubVocabShortHead`): scores and drafted ids index that vocabulary, and the head
+    consumes each drafted token as its target id."""
     _check_prefix_len(pure_draft_prefix_len)
     batch, num_slots, _ = _check_draft_inputs(long_logits, anchor_ids, head, log_prior)
     device = long_logits.device
@@ -148,7 +153,8 @@ def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_pre
         if short_logits is not None:
             faulty |= non_finite_rows(short_logits, chosen=_picked(short_logits, draft_ids[:, slot]))
         if slot + 1 < num_slots:
-            state = head.advance(draft_ids[:, slot], state)
+            consumed = draft_ids[:, slot] if vocab_ids is None else vocab_ids[draft_ids[:, slot]]
+            state = head.advance(consumed, state)
     faulty |= _long_and_prior_faults(long_logits, log_prior, draft_ids, pure_draft_prefix_len)
     return draft_ids, faulty
 
@@ -156,8 +162,10 @@ def _draft(long_logits, anchor_ids, head, log_prior, alpha, beta, pure_draft_pre
 @torch.no_grad()
 def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_prior: torch.Tensor,
                alpha: Schedule, beta: Schedule, *, pure_draft_prefix_len: int = 0,
-               return_faulty: bool = False):
-    """Greedy DeLS drafting over the full vocabulary.
+               return_faulty: bool = False, vocab_ids: torch.Tensor | None = None):
+    """Greedy DeLS drafting over the full vocabulary, or over a draft vocabulary: with
+    vocab_ids [N] (ascending target ids), long_logits [B, S, N], head a SubVocabShortHead over
+    them and log_prior [N], the returned ids index vocab_ids.
 
     long_logits [B, S, V] float, anchor_ids [B] int, head: GRUShortHead or MarkovShortHead,
     log_prior [V], alpha/beta: number or per-slot [S]. Returns int64 [B, S], or (ids, faulty
@@ -172,7 +180,7 @@ def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_pr
         return dels_argmax(long, short, log_prior, alpha_s, beta_s)
 
     ids, faulty = _draft(long_logits, anchor_ids, head, log_prior, alpha, beta,
-                         pure_draft_prefix_len, pick)
+                         pure_draft_prefix_len, pick, vocab_ids)
     return (ids, faulty) if return_faulty else ids
 
 
@@ -180,7 +188,8 @@ def dels_draft(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head, log_pr
 def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head,
                        log_prior: torch.Tensor, alpha: Schedule, beta: Schedule,
                        temperature: torch.Tensor | float, generator: torch.Generator | None = None,
-                       *, pure_draft_prefix_len: int = 0, return_faulty: bool = False):
+                       *, pure_draft_prefix_len: int = 0, return_faulty: bool = False,
+                       vocab_ids: torch.Tensor | None = None):
     """Sampled DeLS drafting.
 
     Slot s of request b draws d_s ~ softmax(fused_s / T_b), fused_s as in `dels_draft`; a row
@@ -192,6 +201,7 @@ def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head
     bool [B] (module docstring, Faults). A row whose softmax is not finite (NaN or +inf
     scores) is drawn greedily, as in `walks.sampled_walk`, so probs are always finite and
     one bad row cannot make torch.multinomial fail the whole batch; such a row is faulty.
+    vocab_ids: as in `dels_draft` (ids and probs then index the draft vocabulary).
     """
     batch, num_slots, vocab_size = _check_draft_inputs(long_logits, anchor_ids, head, log_prior)
     device = long_logits.device
@@ -214,7 +224,7 @@ def dels_draft_sampled(long_logits: torch.Tensor, anchor_ids: torch.Tensor, head
         return torch.multinomial(probs[:, slot], 1, generator=generator)[:, 0]
 
     draft_ids, faulty = _draft(long_logits, anchor_ids, head, log_prior, alpha, beta,
-                               pure_draft_prefix_len, pick)
+                               pure_draft_prefix_len, pick, vocab_ids)
     return (draft_ids, probs, faulty) if return_faulty else (draft_ids, probs)
 
 

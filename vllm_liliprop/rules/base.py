@@ -27,6 +27,9 @@ class DraftInputs:
     anchor_valid: torch.Tensor | None = None
     # Per-request temperature [B] when some request samples, None when the batch is all greedy.
     temperature: torch.Tensor | None = None
+    # A draft with a reduced vocabulary (draft_vocab_size + d2t): [N, H] -> [N, n] logits over
+    # its n draft ids, before vLLM scatters them into V; None for a full-vocabulary draft.
+    draft_vocab_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -40,6 +43,13 @@ class DraftInputs:
         """The drafter's own full-vocabulary logits, [B, S, V] fp32."""
         b, s, h = self.hidden.shape
         return self.compute_logits(self.hidden.reshape(b * s, h)).float().view(b, s, -1)
+
+    def draft_logits(self) -> torch.Tensor:
+        """The drafter's logits over its reduced draft vocabulary, [B, S, n] fp32."""
+        if self.draft_vocab_logits is None:
+            raise ValueError("draft_logits() needs a draft with a reduced vocabulary")
+        b, s, h = self.hidden.shape
+        return self.draft_vocab_logits(self.hidden.reshape(b * s, h)).float().view(b, s, -1)
 
 
 @dataclass
