@@ -7,6 +7,14 @@ import pytest
 from vllm_liliprop.options import ENV_VAR, OptionError, resolve_options
 
 
+# A LiLiCorr checkpoint's head fields: resolve_options checks them before vLLM reads them.
+LILICORR = {
+    "lilicorr_candidate_topk": 4, "lilicorr_hidden_size": 0, "lilicorr_num_layers": 1,
+    "lilicorr_num_heads": 4, "lilicorr_mlp_ratio": 2.0, "lilicorr_factor_dim": 32,
+    "lilicorr_vector_eps": 1e-6, "lilicorr_logit_scale": 8.0,
+}
+
+
 def env(**options):
     return {ENV_VAR: json.dumps(options)}
 
@@ -16,20 +24,20 @@ def test_plain_dflash_is_left_alone():
 
 
 def test_lilicorr_architecture_defaults_to_lattice_greedy():
-    options = resolve_options(["LiLiCorrDraftModel"], {}, environ={})
+    options = resolve_options(["LiLiCorrDraftModel"], LILICORR, environ={})
     assert (options.rule, options.walk, options.sampling) == ("lattice", "greedy", "deterministic")
     assert options.sources == {"rule": "architecture"}
 
 
 def test_environment_overrides_checkpoint_which_overrides_defaults():
-    block = {"liliprop": {"walk": "viterbi", "dels_alpha": [0.1, 0.2]}}
+    block = {**LILICORR, "liliprop": {"walk": "viterbi", "dels_alpha": [0.1, 0.2]}}
     options = resolve_options(["LiLiCorrDraftModel"], block, environ=env(walk="greedy"))
     assert options.walk == "greedy" and options.sources["walk"] == ENV_VAR
     assert options.dels_alpha == (0.1, 0.2) and options.sources["dels_alpha"] == "checkpoint"
 
 
 def test_draft_sample_method_selects_probabilistic_sampling():
-    options = resolve_options(["LiLiCorrDraftModel"], {}, "probabilistic", environ={})
+    options = resolve_options(["LiLiCorrDraftModel"], LILICORR, "probabilistic", environ={})
     assert options.sampling == "probabilistic"
 
 
@@ -46,7 +54,7 @@ def test_draft_sample_method_selects_probabilistic_sampling():
 )
 def test_bad_checkpoint_block_names_the_field(block, message):
     with pytest.raises(OptionError) as error:
-        resolve_options(["LiLiCorrDraftModel"], {"liliprop": block}, environ={})
+        resolve_options(["LiLiCorrDraftModel"], {**LILICORR, "liliprop": block}, environ={})
     assert message in str(error.value)
 
 

@@ -130,7 +130,7 @@ def _broken_draft(tiny_models, name, edit):
         ("bad-rule", lambda c: c["dflash_config"].update(liliprop={"rule": "bogus"}),
          "dflash_config.liliprop.rule = 'bogus'"),
         ("lilicorr-missing-fields", lambda c: c.update(architectures=["LiLiCorrDraftModel"]),
-         "lilicorr_"),
+         "dflash_config.lilicorr_logit_scale missing"),  # ours, before vLLM's KeyError
     ],
 )
 def test_broken_draft_config_fails_at_load_naming_the_field(tiny_models, name, edit, message):

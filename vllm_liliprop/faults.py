@@ -1,4 +1,5 @@
-"""Which rows of a draft batch a rule could not score: the one test every rule uses (plain torch).
+"""Which rows of a draft batch a rule could not score: the one test every rule uses (plain torch);
+and, at load time, the same test on the weights of the heads this package loads.
 
 A row (one request's block) is faulty when any score it was drafted from holds NaN or +inf, or
 when a score of what it drafted (its tokens, or its path through a lattice) is not finite. -inf
@@ -42,3 +43,18 @@ def non_finite_rows(*scores: torch.Tensor,
     flags = [~(_rows(s) < math.inf).all(-1) for s in scores]
     flags += [~torch.isfinite(_rows(c)).all(-1) for c in chosen]
     return reduce(torch.logical_or, flags)
+
+
+def check_loaded_weights(tensors: dict[str, torch.Tensor], source: str, fix: str) -> None:
+    """At load time, the weights of a head this package loads itself (a DeLS head and its prior,
+    the LiLiCorr head): ValueError naming `source` and the tensor for a non-floating dtype, and
+    `fix` too for any NaN/Inf value. Such a head would fault on every row at run time (the
+    rows above), so it is refused before serving. The drafter's own weights are vLLM's to load:
+    a NaN there is caught only at run time, by the rows' scores."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise ValueError(f"{source}: {name!r} is {tensor.dtype}; weights must be floating "
+                             "point (fp32, bf16 or fp16); re-export the head from its trained weights")
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{source}: {name!r} holds {bad} NaN/Inf value(s); {fix}")

@@ -14,6 +14,7 @@ proposer behaves exactly like vLLM's own DFlash proposer.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -87,8 +88,13 @@ def _check_schedule(where: str, key: str, value: Any):
             raise OptionError(
                 f"{where}.{key} = {value!r} must be a non-empty list of numbers, one per slot."
             )
-        return tuple(float(v) for v in value)
-    return float(value)
+        weights = tuple(float(v) for v in value)
+    else:
+        weights = (float(value),)
+    # JSON readers accept NaN and Infinity; either would turn every fused score non-finite.
+    if not all(math.isfinite(v) for v in weights):
+        raise OptionError(f"{where}.{key} = {value!r} must be finite; use e.g. 0.3.")
+    return weights if isinstance(value, (list, tuple)) else weights[0]
 
 
 def _validate_block(where: str, block: Any) -> dict[str, Any]:
@@ -112,7 +118,10 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
     if "sampling" in out:
         _check_choice(where, "sampling", out["sampling"], SAMPLINGS)
     if "dels_path" in out and not isinstance(out["dels_path"], str):
-        raise OptionError(f"{where}.dels_path must be a string path.")
+        raise OptionError(
+            f"{where}.dels_path = {out['dels_path']!r} must be a string path (a folder with "
+            "config.json + model.safetensors, relative to the draft folder or absolute)."
+        )
     for key in ("dels_alpha", "dels_beta"):
         if key in out:
             out[key] = _check_schedule(where, key, out[key])
@@ -143,6 +152,15 @@ def is_served_by_liliprop(
     )
 
 
+def check_lilicorr_fields(dflash_config: dict) -> None:
+    """The LiLiCorr head fields (`dflash_config.lilicorr_*`), checked before vLLM's own LiLiCorr
+    model reads them: it would report a missing field as a bare KeyError and a wrong type as a
+    TypeError from inside its constructor. ValueError naming the field and the fix."""
+    from vllm_liliprop.heads.lattice import read_dflash_fields
+
+    read_dflash_fields(dflash_config)
+
+
 def resolve_options(
     architectures: list[str] | None,
     dflash_config: dict | None,
@@ -156,6 +174,8 @@ def resolve_options(
     is_lilicorr = LILICORR_ARCH in (architectures or [])
     if not is_lilicorr and block is None and from_env is None:
         return None
+    if is_lilicorr:
+        check_lilicorr_fields(dict(dflash_config))
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}

@@ -40,13 +40,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from vllm_liliprop.faults import check_loaded_weights
 from vllm_liliprop.heads.dels import RANK_ACTIVATIONS, GRUShortHead, MarkovShortHead, UnigramPrior
 
 DELS_FORMAT_VERSION = 1
@@ -62,13 +65,14 @@ EMBED_KEY = "embed.weight"
 def _check_weight(value, name: str):
     if isinstance(value, bool):
         raise ValueError(f"config field {name!r} must be a number or a list of numbers, got a bool")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return [float(v) for v in value]
-    raise ValueError(f"config field {name!r} must be a number or a non-empty list of numbers "
-                     f"(one per draft slot), got {value!r}")
+    numbers = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+        raise ValueError(f"config field {name!r} must be a number or a non-empty list of numbers "
+                         f"(one per draft slot), got {value!r}")
+    # json.loads reads NaN and Infinity; either would make every fused score non-finite.
+    if not all(math.isfinite(v) for v in numbers):
+        raise ValueError(f"config field {name!r} = {value!r} must be finite; use e.g. 0.3")
+    return [float(v) for v in numbers] if isinstance(value, (list, tuple)) else float(value)
 
 
 @dataclasses.dataclass
@@ -124,6 +128,9 @@ class DelsConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "DelsConfig":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a DeLS config must be a JSON object, got {type(data).__name__}; "
+                             "write it with save_dels_head")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -181,12 +188,24 @@ def _is_dels_folder(path: Path) -> bool:
         return False
 
 
+def _reads_as_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+        return True
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
 def find_dels_dir(path: str | Path) -> Path:
     """`path` itself if it is a DeLS head folder, else `path/dels`; ValueError if neither."""
     path = Path(path)
     for candidate in (path, path / DELS_SUBFOLDER):
         if _is_dels_folder(candidate):
             return candidate
+        config_path = candidate / CONFIG_NAME
+        if config_path.is_file() and not _reads_as_json(config_path):  # damaged, not absent
+            raise ValueError(f"{config_path} is not valid JSON; the file is damaged: copy it "
+                             "again or re-export the head with save_dels_head")
     raise ValueError(f"no DeLS head at {path}: expected {path / CONFIG_NAME} or "
                      f"{path / DELS_SUBFOLDER / CONFIG_NAME} with 'liliprop_dels_format'; "
                      "write one with save_dels_head")
@@ -266,6 +285,27 @@ def build_dels_head(config: DelsConfig, target_embedding_weight: torch.Tensor | 
                         device=device, dtype=dtype)
 
 
+def _read_config(path: Path) -> DelsConfig:
+    """A DeLS config.json; every error names the file."""
+    try:
+        return DelsConfig.from_dict(json.loads(path.read_text()))
+    except ValueError as exc:  # JSONDecodeError is a ValueError too
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a DeLS model.safetensors; a missing, truncated or corrupt file names
+    itself (safetensors' own error names neither the file nor a fix)."""
+    if not path.is_file():
+        raise ValueError(f"{path} is missing; re-export the head with save_dels_head")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path} cannot be read as safetensors ({exc}); the file is truncated "
+                         "or damaged: copy it again or re-export the head with save_dels_head"
+                         ) from None
+
+
 def load_dels_head(dir: str | Path, target_embedding_weight: torch.Tensor | None,
                    expected_vocab_size: int, expected_tokenizer_fingerprint: str | None = None, *,
                    device: torch.device | str | None = None, dtype: torch.dtype | None = None
@@ -281,7 +321,7 @@ def load_dels_head(dir: str | Path, target_embedding_weight: torch.Tensor | None
     folder = find_dels_dir(dir)
     if device is None:
         device = target_embedding_weight.device if target_embedding_weight is not None else "cpu"
-    config = DelsConfig.from_dict(json.loads((folder / CONFIG_NAME).read_text()))
+    config = _read_config(folder / CONFIG_NAME)
     if config.vocab_size != expected_vocab_size:
         raise ValueError(f"vocab_size: the DeLS head at {folder} was trained for vocab_size="
                          f"{config.vocab_size} but the drafter has {expected_vocab_size} logits; "
@@ -296,15 +336,20 @@ def load_dels_head(dir: str | Path, target_embedding_weight: torch.Tensor | None
                              f"{expected_tokenizer_fingerprint}); train the head and prior with the "
                              "target's tokenizer")
     weights_path = folder / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise ValueError(f"{weights_path} is missing; re-export the head with save_dels_head")
-    tensors = load_file(str(weights_path))
+    tensors = _read_weights(weights_path)
     log_probs = tensors.pop(PRIOR_KEY, None)
     if log_probs is None:
         raise ValueError(f"{weights_path} has no {PRIOR_KEY!r}; save the head with its UnigramPrior")
     if tuple(log_probs.shape) != (config.vocab_size,):
-        raise ValueError(f"{PRIOR_KEY}: the prior has shape {tuple(log_probs.shape)} but vocab_size is "
+        raise ValueError(f"{weights_path}: {PRIOR_KEY} has shape {tuple(log_probs.shape)} but vocab_size is "
                          f"{config.vocab_size}; rebuild the prior for this vocabulary")
+    # Refused here rather than faulting on every row at run time (vllm_liliprop/faults.py).
+    check_loaded_weights({PRIOR_KEY: log_probs}, str(weights_path),
+                         "rebuild the prior with UnigramPrior.from_counts(counts, smoothing > 0) "
+                         "and save it with save_dels_head")
+    check_loaded_weights(tensors, str(weights_path),
+                         "the head diverged in training or the file is damaged: retrain or "
+                         "re-export it with save_dels_head")
     checkpoint_embed = tensors.pop(EMBED_KEY, None)
     head = build_dels_head(config, target_embedding_weight, checkpoint_embed, device=device, dtype=dtype)
     _load_head_weights(head, tensors, str(weights_path))

@@ -60,6 +60,68 @@ def _field_error(field: str, value: Any, requirement: str, fix: str) -> ValueErr
     return ValueError(f"dflash_config.lilicorr_{field} = {value!r} {requirement}; {fix}.")
 
 
+def _is_topk(k: Any) -> bool:
+    return _is_int(k) and 1 <= k <= MAX_CANDIDATE_TOPK and not k & (k - 1)
+
+
+# suffix -> (valid, requirement, fix): each head field on its own. The checks that need the
+# draft's width (num_heads divides it, int(width * mlp_ratio) >= 1) are in `__post_init__`.
+_FIELD_RULES = {
+    "candidate_topk": (_is_topk, f"must be a power-of-two int in 1..{MAX_CANDIDATE_TOPK}",
+                       "set it to 1, 2, 4, 8 or 16 (the paper uses 8)"),
+    "hidden_size": (lambda v: _is_int(v) and v >= 0, "must be an int >= 0",
+                    "set it to 0 for the draft model's width or to a positive head width"),
+    "num_layers": (lambda v: _is_int(v) and v >= 0, "must be an int >= 0",
+                   "set it to e.g. 2 (the paper)"),
+    "num_heads": (lambda v: _is_int(v) and v >= 1, "must be an int >= 1",
+                  "set it to e.g. 8 (the paper)"),
+    "mlp_ratio": (lambda v: _is_real(v) and v > 0, "must be a finite number > 0",
+                  "set it to e.g. 2.0 (the paper)"),
+    "factor_dim": (lambda v: _is_int(v) and v >= 1, "must be an int >= 1",
+                   "set it to e.g. 1024 (the paper)"),
+    "vector_eps": (lambda v: _is_real(v) and v > 0, "must be a finite float > 0",
+                   "set it to e.g. 1e-6"),
+    "logit_scale": (lambda v: _is_real(v) and v > 0, "must be a finite float > 0",
+                    "set it to e.g. 8.0 (the paper)"),
+}
+
+
+def _check_field(name: str, value: Any) -> None:
+    valid, requirement, fix = _FIELD_RULES[name]
+    if not valid(value):
+        raise _field_error(name, value, requirement, fix)
+
+
+def read_dflash_fields(dflash_config: Any) -> dict[str, Any]:
+    """The eight `lilicorr_*` head fields of a checkpoint's `dflash_config`, by suffix, each
+    checked on its own (presence, type, range); ValueError naming the field and the fix.
+
+    Needs no model: the plugin calls it before vLLM builds its LiLiCorr model, which reports a
+    missing field as a bare KeyError and a wrong type as a TypeError from its constructor."""
+    if not isinstance(dflash_config, dict):
+        raise ValueError(
+            f"dflash_config must be a dict, got {type(dflash_config).__name__}; pass "
+            "config.json's dflash_config."
+        )
+    if dflash_config.get("lilicorr_enabled", True) is not True:
+        raise ValueError(
+            f"dflash_config.lilicorr_enabled = {dflash_config['lilicorr_enabled']!r}: this "
+            "checkpoint declares no LiLiCorr head; set it to true or load it as plain DFlash."
+        )
+    missing = [
+        f"dflash_config.lilicorr_{f}" for f in _DFLASH_FIELDS if f"lilicorr_{f}" not in dflash_config
+    ]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} missing; a LiLiCorr checkpoint must set every lilicorr_* "
+            "field in config.json's dflash_config (see LatticeConfig.to_dflash_config)."
+        )
+    fields = {f: dflash_config[f"lilicorr_{f}"] for f in _DFLASH_FIELDS}
+    for name, value in fields.items():
+        _check_field(name, value)
+    return fields
+
+
 @dataclass(frozen=True)
 class LatticeConfig:
     """Geometry of a LiLiCorr head, validated on construction.
@@ -96,25 +158,8 @@ class LatticeConfig:
                 f"rms_norm_eps = {self.rms_norm_eps!r} must be a finite float > 0; "
                 "pass the draft config's rms_norm_eps."
             )
-        k = self.candidate_topk
-        if not _is_int(k) or not 1 <= k <= MAX_CANDIDATE_TOPK or k & (k - 1):
-            raise _field_error(
-                "candidate_topk", k, f"must be a power-of-two int in 1..{MAX_CANDIDATE_TOPK}",
-                "set it to 1, 2, 4, 8 or 16 (the paper uses 8)",
-            )
-        if not _is_int(self.hidden_size) or self.hidden_size < 0:
-            raise _field_error(
-                "hidden_size", self.hidden_size, "must be an int >= 0",
-                "set it to 0 for the draft model's width or to a positive head width",
-            )
-        if not _is_int(self.num_layers) or self.num_layers < 0:
-            raise _field_error(
-                "num_layers", self.num_layers, "must be an int >= 0", "set it to e.g. 2 (the paper)"
-            )
-        if not _is_int(self.num_heads) or self.num_heads < 1:
-            raise _field_error(
-                "num_heads", self.num_heads, "must be an int >= 1", "set it to e.g. 8 (the paper)"
-            )
+        for name, value in self.dflash_fields().items():
+            _check_field(name, value)
         if self.width % self.num_heads:
             raise _field_error(
                 "num_heads", self.num_heads,
@@ -122,26 +167,16 @@ class LatticeConfig:
                 f"{self.hidden_size}, draft width {self.model_hidden_size})",
                 "set it to a divisor of the head width",
             )
-        if not _is_real(self.mlp_ratio) or int(self.width * self.mlp_ratio) < 1:
+        if int(self.width * self.mlp_ratio) < 1:
             raise _field_error(
                 "mlp_ratio", self.mlp_ratio,
-                f"must be a finite number with int(width * mlp_ratio) >= 1 (width {self.width})",
+                f"must make int(width * mlp_ratio) >= 1 (width {self.width})",
                 "set it to e.g. 2.0 (the paper)",
             )
-        if not _is_int(self.factor_dim) or self.factor_dim < 1:
-            raise _field_error(
-                "factor_dim", self.factor_dim, "must be an int >= 1",
-                "set it to e.g. 1024 (the paper)",
-            )
-        if not _is_real(self.vector_eps) or self.vector_eps <= 0:
-            raise _field_error(
-                "vector_eps", self.vector_eps, "must be a finite float > 0", "set it to e.g. 1e-6"
-            )
-        if not _is_real(self.logit_scale) or self.logit_scale <= 0:
-            raise _field_error(
-                "logit_scale", self.logit_scale, "must be a finite float > 0",
-                "set it to e.g. 8.0 (the paper)",
-            )
+
+    def dflash_fields(self) -> dict[str, Any]:
+        """The eight head fields by suffix (`candidate_topk`, ...), as in `_DFLASH_FIELDS`."""
+        return {f: getattr(self, f) for f in _DFLASH_FIELDS}
 
     @property
     def width(self) -> int:
@@ -166,27 +201,7 @@ class LatticeConfig:
         rms_norm_eps: float,
     ) -> "LatticeConfig":
         """Read the `lilicorr_*` keys of a checkpoint's `dflash_config` (upstream format)."""
-        if not isinstance(dflash_config, dict):
-            raise ValueError(
-                f"dflash_config must be a dict, got {type(dflash_config).__name__}; pass "
-                "config.json's dflash_config."
-            )
-        if dflash_config.get("lilicorr_enabled", True) is not True:
-            raise ValueError(
-                f"dflash_config.lilicorr_enabled = {dflash_config['lilicorr_enabled']!r}: this "
-                "checkpoint declares no LiLiCorr head; set it to true or load it as plain DFlash."
-            )
-        missing = [
-            f"dflash_config.lilicorr_{f}"
-            for f in _DFLASH_FIELDS
-            if f"lilicorr_{f}" not in dflash_config
-        ]
-        if missing:
-            raise ValueError(
-                f"{', '.join(missing)} missing; a LiLiCorr checkpoint must set every lilicorr_* "
-                "field in config.json's dflash_config (see LatticeConfig.to_dflash_config)."
-            )
-        fields = {f: dflash_config[f"lilicorr_{f}"] for f in _DFLASH_FIELDS}
+        fields = read_dflash_fields(dflash_config)
         return cls(
             model_hidden_size=model_hidden_size,
             block_size=block_size,

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from vllm_liliprop.faults import check_loaded_weights
 from vllm_liliprop.options import LiliPropOptions, OptionError
 from vllm_liliprop.rules.base import ArgmaxRule, DraftRule
 
@@ -44,11 +45,28 @@ def _load_custom_rule(spec: str):
     return factory
 
 
+def check_lattice_weights(resources: RuleResources) -> None:
+    """The LiLiCorr head's checkpoint tensors, finite and floating-point (vLLM's loader has
+    checked their names and shapes, not their values): a NaN head is refused at load rather
+    than faulting on every row at run time."""
+    if resources.lattice_state_dict is None:
+        return
+    where = resources.draft_dir if resources.draft_dir is not None else "the draft checkpoint"
+    check_loaded_weights(
+        {f"lilicorr.{name}": value for name, value in resources.lattice_state_dict.items()},
+        f"{where} (*.safetensors)",
+        "the LiLiCorr head diverged in training or the file is damaged: retrain or re-export "
+        "the draft",
+    )
+
+
 def build_rule(options: LiliPropOptions, resources: RuleResources) -> DraftRule:
     if options.rule == "argmax":
         return ArgmaxRule()
     if ":" in options.rule:
         return _load_custom_rule(options.rule)(options, resources)
+    if options.uses_lattice:
+        check_lattice_weights(resources)
     if options.rule == "lattice":
         from vllm_liliprop.rules.lattice import LatticeRule
 

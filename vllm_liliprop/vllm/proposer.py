@@ -1,6 +1,7 @@
 """`LiliPropProposer`: vLLM's V1 DFlash proposer with the draft choice handed to a draft rule.
 
-Only four things differ from `DFlashProposer`:
+Only these things differ from `DFlashProposer`:
+- `__init__` refuses a heterogeneous vocabulary (`use_heterogeneous_vocab`) when a rule runs;
 - `load_model` also builds the draft rule named by the options (lattice head, DeLS head, ...);
 - `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
   the target state at the last verified position (the LiLiCorr anchor);
@@ -47,6 +48,24 @@ def read_lattice_weights(draft_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def refuse_heterogeneous_vocab(speculative_config) -> None:
+    """A draft rule needs the draft's logits in target ids. A draft with its own tokenizer
+    (`use_heterogeneous_vocab`) gets them mapped only inside vLLM's `_greedy_sample` /
+    `_sample_draft_tokens`, which a rule replaces, so its drafts would be ids of the wrong
+    vocabulary: refuse at engine start. vLLM 0.32 itself accepts the flag only with
+    method='draft_model' (never for DFlash); this holds if a later vLLM allows it. A reduced
+    vocabulary of the target's own tokenizer (`draft_vocab_size` + `d2t`) is mapped by the
+    draft's `compute_logits` and is served."""
+    if getattr(speculative_config, "use_heterogeneous_vocab", False):
+        raise ValueError(
+            "speculative_config.use_heterogeneous_vocab = True (a draft with its own tokenizer) "
+            "cannot run a vllm-liliprop draft rule, whose drafts must be target token ids; "
+            "use a draft trained with the target's tokenizer (a reduced vocabulary via "
+            "draft_vocab_size + d2t is fine), or serve this draft without a rule (no "
+            "dflash_config.liliprop block, VLLM_LILIPROP_OPTIONS unset, not a LiLiCorrDraftModel)."
+        )
+
+
 def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(target_model, "get_language_model"):
         return target_model.get_language_model()
@@ -73,6 +92,7 @@ class LiliPropProposer(DFlashProposer):
         self._anchor_valid: torch.Tensor | None = None
         self._draft_argmax: DraftVocabArgmax | None = None
         if self.liliprop_options is not None:
+            refuse_heterogeneous_vocab(spec)
             logger.info(
                 "vllm-liliprop serves this draft: %s (sources: %s)",
                 self.liliprop_options.to_dict(),

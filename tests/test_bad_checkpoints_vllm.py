@@ -1,0 +1,49 @@
+"""Bad drafter files that only vLLM's own loader sees, in real engines: the engine must stop at
+start with vLLM's message (recorded in README.md, "Bad checkpoints"), never serve.
+
+The plugin's own load path (options, LiLiCorr head fields and values, DeLS heads) is covered
+without engines in tests/test_bad_checkpoints.py.
+"""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.engine import generate
+from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
+
+pytestmark = pytest.mark.vllm
+
+
+def error_chain(error: BaseException) -> str:
+    chain, exc = [], error
+    while exc is not None:
+        chain.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(chain)
+
+
+def refused_at_start(tiny_models, draft) -> str:
+    with pytest.raises(Exception) as error:
+        generate(tiny_models["target"], draft, max_tokens=4, prompts=["x"])
+    return error_chain(error.value)
+
+
+def test_truncated_draft_weights_stop_the_engine(tiny_models):
+    draft = build_tiny_lilicorr_draft(tiny_models["root"] / "bad-truncated", tiny_models["target"])
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    text = refused_at_start(tiny_models, draft)
+    print(text)
+    assert "SafetensorError: Error while deserializing header" in text, text
+
+
+def test_wrong_shape_lattice_tensor_stops_the_engine(tiny_models):
+    draft = build_tiny_lilicorr_draft(tiny_models["root"] / "bad-shape", tiny_models["target"])
+    weights = load_file(str(draft / "model.safetensors"))
+    name = "lilicorr.in_head.weight"
+    weights[name] = torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1])
+    save_file(weights, str(draft / "model.safetensors"))
+    text = refused_at_start(tiny_models, draft)
+    print(text)
+    assert "Tried to load weights of size torch.Size([33, 128])" in text, text
