@@ -120,3 +120,35 @@ def test_dels_head_for_another_vocabulary_fails_at_load(tiny_models):
     config_path.write_text(json.dumps(config))
     with pytest.raises(Exception, match="vocab_size"):
         generate(tiny_models["target"], draft, options={"rule": "dels"})
+
+
+def _restrict_draft_vocabulary(draft_dir, target_dir, ids):
+    """Rewrite a DFlash draft folder with upstream's reduced vocabulary over `ids`."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from training.export import draft_vocab_tensors
+
+    target = load_file(str(target_dir / "model.safetensors"))
+    lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+    weights = load_file(str(draft_dir / "model.safetensors"))
+    weights.update(draft_vocab_tensors(torch.tensor(ids), lm_head))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(draft_dir / "model.safetensors"))
+    config = json.loads((draft_dir / "config.json").read_text())
+    (draft_dir / "config.json").write_text(json.dumps({**config, "draft_vocab_size": len(ids)}))
+
+
+def test_dels_over_a_reduced_draft_vocabulary_drafts_as_over_the_full_one(tiny_models, stock, ranked,
+                                                                          constant_with_markov):
+    """The same drafter and short head with a draft vocabulary holding the drafter's and the
+    head's favourites: DeLS runs over that vocabulary only and drafts what it drafts over all ids."""
+    from pathlib import Path
+
+    draft = tiny_models["root"] / "dels-constant-reduced"
+    shutil.copytree(constant_with_markov, draft, dirs_exist_ok=True)
+    _restrict_draft_vocabulary(draft, Path(tiny_models["target"]), sorted(set(range(0, 1024, 4)) | set(ranked)))
+    ids, counters, drafter = generate(tiny_models["target"], str(draft), options={"rule": "dels"})
+    assert drafter.draft_rule.vocab_ids is not None and drafter.draft_rule.head.vocab_size < 1024
+    assert ids == plain32(stock)
+    assert counters_list(counters) == predict_counters(stock["plain"]["ids"], constant(ranked[1]), K)
+    assert drafter.num_rule_faults == 0

@@ -83,7 +83,7 @@ class DelsRule:
     def from_resources(cls, options: LiliPropOptions, resources) -> "DelsRule":
         head, log_prior, alpha, beta, prefix = load_dels(options, resources)
         return cls(head, log_prior, alpha, beta, prefix, options.sampling,
-                   getattr(resources, "draft_vocab_ids", None))
+                   resources.draft_vocab_ids)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:

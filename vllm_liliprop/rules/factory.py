@@ -31,6 +31,9 @@ class RuleResources:
     # LiLiCorr head weights (names as in upstream's checkpoint, without the `lilicorr.` prefix).
     lattice_state_dict: dict[str, torch.Tensor] | None = None
     tokenizer_fingerprint: str | None = None
+    # Target ids [n] of a reduced draft vocabulary (draft_vocab_size + d2t), ascending; None
+    # for a full-vocabulary draft. Rules that can run over it (DeLS) do less work per step.
+    draft_vocab_ids: torch.Tensor | None = None
 
 
 def _load_custom_rule(spec: str):

@@ -19,31 +19,44 @@ from __future__ import annotations
 import torch
 
 
+def draft_vocab_ids(model) -> torch.Tensor | None:
+    """The target ids [n] of a DFlash draft's reduced vocabulary, strictly increasing; None for
+    a full-vocabulary draft or a mapping that is not increasing (then every path keeps vLLM's
+    full-vocabulary logits)."""
+    offsets = getattr(model, "draft_id_to_target_id", None)
+    if offsets is None:
+        return None
+    offsets = offsets.detach().to(torch.int64)
+    targets = torch.arange(offsets.numel(), device=offsets.device) + offsets
+    if offsets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
+        return None
+    return targets
+
+
+def draft_vocab_logits(model):
+    """[N, H] -> [N, n]: the draft's logits over its own vocabulary (before vLLM scatters them)."""
+    return lambda hidden_states: model.logits_processor(model.lm_head, hidden_states)
+
+
 class DraftVocabArgmax:
-    def __init__(self, lm_head, logits_processor, draft_to_target: torch.Tensor | None):
-        self.lm_head, self.logits_processor = lm_head, logits_processor
-        # Target id of each draft id, built once at load.
-        self.target_ids = None if draft_to_target is None else (
-            torch.arange(draft_to_target.numel(), device=draft_to_target.device) + draft_to_target
-        )
+    def __init__(self, logits, target_ids: torch.Tensor | None):
+        self.logits = logits
+        self.target_ids = target_ids  # of each draft id, None for a full vocabulary
 
     @classmethod
     def for_model(cls, model, vllm_paths: bool) -> "DraftVocabArgmax | None":
         """The fast path for a DFlash draft model, or None where vLLM's own must run: its local
         argmax reduction or heterogeneous-vocabulary paths, a model without the standard
         LM head / logits processor, or a mapping that is not increasing."""
-        lm_head = getattr(model, "lm_head", None)
-        processor = getattr(model, "logits_processor", None)
-        if vllm_paths or lm_head is None or processor is None:
+        if vllm_paths or getattr(model, "lm_head", None) is None:
             return None
-        offsets = getattr(model, "draft_id_to_target_id", None)
-        if offsets is not None:
-            offsets = offsets.detach().to(torch.int64)
-            targets = torch.arange(offsets.numel(), device=offsets.device) + offsets
-            if offsets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
-                return None
-        return cls(lm_head, processor, offsets)
+        if getattr(model, "logits_processor", None) is None:
+            return None
+        target_ids = draft_vocab_ids(model)
+        if target_ids is None and getattr(model, "draft_id_to_target_id", None) is not None:
+            return None
+        return cls(draft_vocab_logits(model), target_ids)
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        ids = self.logits_processor(self.lm_head, hidden_states).float().argmax(dim=-1)
+        ids = self.logits(hidden_states).float().argmax(dim=-1)
         return ids if self.target_ids is None else self.target_ids[ids]

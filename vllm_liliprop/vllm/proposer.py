@@ -29,7 +29,7 @@ from vllm_liliprop.options import resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.rules.factory import RuleResources, build_rule
-from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax
+from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 
 logger = init_logger("vllm.liliprop.proposer")
 
@@ -91,6 +91,7 @@ class LiliPropProposer(DFlashProposer):
         self._anchor_hidden: torch.Tensor | None = None
         self._anchor_valid: torch.Tensor | None = None
         self._draft_argmax: DraftVocabArgmax | None = None
+        self._draft_vocab_logits = None
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
             logger.info(
@@ -130,6 +131,10 @@ class LiliPropProposer(DFlashProposer):
             tokenizer_fingerprint=(
                 self._tokenizer_fingerprint() if self.liliprop_options.uses_dels else None
             ),
+            draft_vocab_ids=draft_vocab_ids(self.model),
+        )
+        self._draft_vocab_logits = (
+            None if resources.draft_vocab_ids is None else draft_vocab_logits(self.model)
         )
         self.draft_rule = build_rule(self.liliprop_options, resources)
         self._embedding = embedding
@@ -207,6 +212,7 @@ class LiliPropProposer(DFlashProposer):
             anchor_hidden=self._anchor_hidden,
             anchor_valid=self._anchor_valid,
             temperature=None if sampling_metadata.all_greedy else sampling_metadata.temperature,
+            draft_vocab_logits=self._draft_vocab_logits,
         )
         try:
             output = self.draft_rule.propose(inputs)
