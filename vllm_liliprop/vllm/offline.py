@@ -298,8 +298,8 @@ class StageTimes:
         accept           runner._sample: sampling / rejection sampling of the drafts;
         draft backbone   drafter.propose minus drafter._sample_draft_tokens: draft inputs and the
                          draft model forward;
-        LM head          drafter.model.compute_logits: the draft's vocabulary projection, wherever
-                         it is called (by the rule too);
+        LM head          drafter.model.logits_processor: the draft's vocabulary projection, wherever
+                         it is called (compute_logits, the rule, the greedy draft);
         speculative head drafter._sample_draft_tokens minus LM head: turning draft states into
                          tokens (argmax for DFlash, the lattice / DeLS rule otherwise);
         step wall        runner.execute_model + runner.sample_tokens: the whole step.
@@ -349,7 +349,12 @@ class StageTimer:
                 if hasattr(self.drafter, name):
                     self._wrap(self.drafter, name)
             model = getattr(self.drafter, "model", None)
-            if model is not None and hasattr(model, "compute_logits"):
+            processor = getattr(model, "logits_processor", None)
+            if processor is not None:
+                # The projection itself, reached through compute_logits or directly by the
+                # proposer's greedy draft (vllm_liliprop/vllm/draft_greedy.py).
+                self._wrap(processor, "forward", key="compute_logits")
+            elif model is not None and hasattr(model, "compute_logits"):
                 self._wrap(model, "compute_logits")
         return self.times
 
@@ -361,9 +366,10 @@ class StageTimer:
                 owner.__dict__[name] = previous
         self._installed.clear()
 
-    def _wrap(self, owner: object, name: str, count_steps: bool = False) -> None:
+    def _wrap(self, owner: object, name: str, count_steps: bool = False, key: str | None = None) -> None:
         original = getattr(owner, name)
         times, sync = self.times, self._sync
+        key = key or name
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
@@ -375,7 +381,7 @@ class StageTimer:
             finally:
                 if sync is not None:
                     sync()
-                times.seconds[name] = times.seconds.get(name, 0.0) + time.perf_counter() - start
+                times.seconds[key] = times.seconds.get(key, 0.0) + time.perf_counter() - start
                 if count_steps:
                     times.steps += 1
 
