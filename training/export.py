@@ -15,6 +15,14 @@ LiLiCorr draft directory (upstream `LiLiCorrDraftModel`):
   the same backbone, architectures ["LiLiCorrDraftModel"], dflash_config extended with the
   lilicorr_* fields (LatticeConfig.to_dflash_config), head weights under `lilicorr.`.
 
+DSpark draft directory (upstream `Qwen3DSparkModel`, vLLM 0.32 qwen3_dspark.py):
+  the same backbone, architectures ["Qwen3DSparkModel"], markov_rank and sample_from_anchor
+  (false: the drafter is trained in DFlash's 1 + N fill-in layout, which upstream serves too),
+  the Markov head under `markov_head.` (markov_w1 [V, r], markov_w2 [draft_vocab_size, r]).
+
+Domino draft directory: a DFlash directory whose dflash_config.liliprop names the rule
+("domino") and a `domino/` folder (vllm_liliprop.heads.domino format) with the head.
+
 DeLS short head: a `dels/` folder (vllm_liliprop.heads.dels_io format) inside a draft dir.
 """
 
@@ -30,12 +38,16 @@ from torch import nn
 
 from training.drafter import DFlashDrafter, DrafterConfig
 from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head
+from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, save_domino_head
+from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 
 __all__ = [
     "export_dflash",
     "export_lilicorr",
     "export_dels",
+    "export_dspark",
+    "export_domino",
     "load_dflash",
     "load_lilicorr",
     "draft_vocab_tensors",
@@ -118,6 +130,41 @@ def export_lilicorr(
     return _write(Path(out_dir), config, tensors, dtype)
 
 
+def export_dspark(out_dir: str | Path, drafter: DFlashDrafter, markov: MarkovBiasHead,
+                  dtype: torch.dtype = torch.bfloat16,
+                  draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
+    """An upstream-format `Qwen3DSparkModel` directory. `draft_vocab` as for `export_dflash`;
+    markov_w2 must have one row per draft id (the target's vocabulary without one)."""
+    cfg = drafter.config
+    rows = cfg.vocab_size if draft_vocab is None else int(draft_vocab[0].numel())
+    if markov.markov_w2.weight.shape[0] != rows or markov.markov_w1.weight.shape[0] != cfg.vocab_size:
+        raise ValueError(f"markov_w1 {tuple(markov.markov_w1.weight.shape)} / markov_w2 "
+                         f"{tuple(markov.markov_w2.weight.shape)} do not fit a draft of vocab_size "
+                         f"{cfg.vocab_size} and draft_vocab_size {rows}")
+    config = cfg.to_hf_dict(architectures=["Qwen3DSparkModel"])
+    config.update({"markov_rank": int(markov.markov_w1.weight.shape[1]), "sample_from_anchor": False})
+    tensors = dict(drafter.state_dict())
+    tensors.update({MARKOV_PREFIX + name: t for name, t in markov.state_dict().items()})
+    if draft_vocab is not None:
+        config["draft_vocab_size"] = rows
+        tensors.update(draft_vocab_tensors(*draft_vocab))
+    return _write(Path(out_dir), config, tensors, dtype)
+
+
+def export_domino(out_dir: str | Path, drafter: DFlashDrafter, domino: DominoHead,
+                  dtype: torch.dtype = torch.bfloat16,
+                  draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
+    """A DFlash directory served by the `domino` rule, with the head in `domino/`."""
+    out_dir = Path(out_dir)
+    export_dflash(out_dir, drafter, dtype, draft_vocab)
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dflash_config"]["liliprop"] = {"rule": "domino", "domino_path": DOMINO_SUBFOLDER}
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    save_domino_head(out_dir / DOMINO_SUBFOLDER, domino, dtype)
+    return out_dir
+
+
 def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) -> Path:
     """A DeLS head folder (config.json + model.safetensors incl. the unigram prior)."""
     return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
@@ -153,7 +200,8 @@ def load_dflash(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> DF
     config, tensors = _read(Path(model_dir))
     drafter = DFlashDrafter(DrafterConfig.from_hf_dict(config))
     backbone = {k.removeprefix("model."): v for k, v in tensors.items()
-                if not k.startswith(LILICORR_PREFIX) and "embed_tokens" not in k and "lm_head" not in k
+                if not k.startswith((LILICORR_PREFIX, MARKOV_PREFIX)) and "embed_tokens" not in k
+                and "lm_head" not in k
                 and k != "d2t"}
     drafter.load_state_dict(backbone, strict=True)
     return drafter.to(dtype)
@@ -191,6 +239,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, dtype: torch.
 
         head, prior, fields = rebuild_dels_head(state)
         return export_dels(out_dir, head, prior, **fields)
+    if kind in ("dspark", "domino"):
+        raise ValueError(f"{file} is a {kind} checkpoint: its head and reduced vocabulary are "
+                         "exported by the training run itself (<train.output_dir>/final); rerun "
+                         "the recipe with --resume to export from its last checkpoint")
     if kind not in ("dflash", "lilicorr"):
         raise ValueError(f"{file} has kind {kind!r}; it was not written by a training.train_* command")
     drafter = DFlashDrafter(DrafterConfig.from_dict(state["drafter_config"]))

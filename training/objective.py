@@ -57,6 +57,7 @@ class DraftObjective(nn.Module):
         lm_head_weight: torch.Tensor,
         *,
         lattice: LatticeHead | None = None,
+        correction: nn.Module | None = None,
         weights: LossWeights = LossWeights(),
         num_anchors: int = 512,
         vocab_ids: torch.Tensor | None = None,
@@ -81,8 +82,12 @@ class DraftObjective(nn.Module):
                     f"{lat.model_hidden_size}) must match the drafter (block_size {cfg.block_size}, "
                     f"hidden_size {cfg.hidden_size})"
                 )
+        if lattice is not None and correction is not None:
+            raise ValueError("a draft has either a LiLiCorr head or a sequential correction head "
+                             "(DSpark, Domino), not both")
         self.drafter = drafter
         self.lattice = lattice
+        self.correction = correction
         self.weights = weights
         self.num_anchors = num_anchors
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
@@ -147,6 +152,16 @@ class DraftObjective(nn.Module):
         slot_hidden = hidden[:, :, 1:][valid]  # [M, S, H]
         targets, slot_mask = self._train_labels(targets[valid], slot_mask[valid])
         draft_logits = F.linear(slot_hidden, self.lm_head_weight)  # [M, S, V]
+        metrics = {}
+        if self.correction is not None:
+            # Teacher forcing: each slot is corrected from the true token before it, which is
+            # what the sequential head consumes at serving time whenever the block is accepted.
+            with torch.no_grad():
+                metrics["accept_base"] = accepted_prefix_length(
+                    draft_logits.detach().argmax(dim=-1), targets).float().mean()
+            prev_ids = self._slot_states(input_ids.unsqueeze(-1), anchors, valid, targets.shape[1])[..., 0]
+            draft_logits = draft_logits + self.correction.teacher_forced(prev_ids, slot_hidden).to(
+                draft_logits.dtype)
         if self.weights.distill > 0 and target_final_hidden is None:
             raise ValueError("target_final_hidden is required for distillation (weights.distill > 0); "
                              "compute features with final_hidden=True")
@@ -158,7 +173,6 @@ class DraftObjective(nn.Module):
                     self.lm_head_weight)
 
         lattice_inputs = {}
-        metrics = {}
         if self.lattice is not None:
             blocks, slots = targets.shape
             k = self.lattice.config.candidate_topk

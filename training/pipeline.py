@@ -1,7 +1,7 @@
 """Build and run a DFlash or joint LiLiCorr training from a recipe dict.
 
 Recipe fields (defaults in brackets):
-  method          "dflash" | "lilicorr"
+  method          "dflash" | "lilicorr" | "dspark" | "domino"
   target          target model (HF id or local dir); its tokenizer and chat template are used
   target_dtype    ["bfloat16"] dtype the frozen target runs in
   data            tokenized dataset .jsonl (`python -m training.data`)
@@ -13,18 +13,24 @@ Recipe fields (defaults in brackets):
   lattice         (lilicorr) {"candidate_topk": 8, "hidden_size": 1024, "num_layers": 2,
                    "num_heads": 8, "mlp_ratio": 2.0, "factor_dim": 1024, "vector_eps": 1e-6,
                    "logit_scale": 8.0, "init_from": null}
+  dspark          (dspark) {"markov_rank": 64}: DSpark's Markov head, trained jointly with the
+                  drafter on the corrected logits (teacher-forced previous tokens)
+  domino          (domino) {"rank": 64}: Domino's GRU + low-rank residual head, likewise
   loss            LossWeights fields (Table 4 defaults)
   num_anchors     [512] anchors per sequence
   train_vocab     [null] {"size": N}: the loss's softmax runs over the N tokens most often
                   supervised in the data (extension for CPU budgets)
-  export_vocab    ["full"] | "train" (dflash only, needs train_vocab): export the draft with
-                  upstream's reduced vocabulary (draft_vocab_size, lm_head, d2t) over the
-                  train_vocab ids, so that serving computes the logits it was trained on and
-                  its LM head reads train_vocab.size rows instead of the target's vocabulary.
-                  Upstream LiLiCorr requires the full vocabulary, so lilicorr refuses it.
+  export_vocab    ["full"; "train" for dspark/domino with a train_vocab] | "train" (needs
+                  train_vocab): export the draft with upstream's reduced vocabulary
+                  (draft_vocab_size, lm_head, d2t) over the train_vocab ids, so that serving
+                  computes the logits it was trained on and its LM head reads train_vocab.size
+                  rows instead of the target's vocabulary. Upstream LiLiCorr requires the full
+                  vocabulary, so lilicorr refuses it; the DSpark and Domino heads score the
+                  train_vocab ids only, so those methods export with it.
   train           TrainConfig fields (output_dir required)
   export_dtype    ["bfloat16"]
-The final model is exported to <output_dir>/final (DFlashDraftModel or LiLiCorrDraftModel).
+The final model is exported to <output_dir>/final (DFlashDraftModel, LiLiCorrDraftModel,
+Qwen3DSparkModel, or a DFlash directory with a domino/ head).
 """
 
 from __future__ import annotations
@@ -122,16 +128,45 @@ def _lattice_config_dict(config: LatticeConfig) -> dict[str, Any]:
     return asdict(config)
 
 
+METHODS = ("dflash", "lilicorr", "dspark", "domino")
+SEQUENTIAL_HEADS = ("dspark", "domino")
+
+
 def _export_vocab(recipe: dict[str, Any], method: str) -> str:
-    choice = recipe.get("export_vocab", "full")
+    sequential = method in SEQUENTIAL_HEADS
+    choice = recipe.get("export_vocab", "train" if sequential and recipe.get("train_vocab") else "full")
     if choice not in ("full", "train"):
         raise ValueError(f"export_vocab must be 'full' or 'train', got {choice!r}")
-    if choice == "train" and method != "dflash":
+    if sequential and choice == "full" and recipe.get("train_vocab"):
+        raise ValueError(f"export_vocab = 'full' with train_vocab: the {method} head scores the "
+                         "train_vocab ids only; remove export_vocab (it then follows train_vocab)")
+    if choice == "train" and method == "lilicorr":
         raise ValueError("export_vocab = 'train' is for method 'dflash': upstream LiLiCorr drafts "
                          "need the full target vocabulary; remove export_vocab from the recipe")
     if choice == "train" and not recipe.get("train_vocab"):
         raise ValueError("export_vocab = 'train' needs train_vocab = {'size': N} in the recipe")
     return choice
+
+
+def build_sequential_head(method: str, spec: dict[str, Any], drafter_config: DrafterConfig,
+                          embed_weight: torch.Tensor, head_ids: torch.Tensor) -> torch.nn.Module:
+    """The DSpark Markov head or the Domino head, scoring `head_ids` (target ids)."""
+    if method == "dspark":
+        from vllm_liliprop.heads.dspark import MarkovBiasHead
+
+        unknown = set(spec) - {"markov_rank"}
+        if unknown:
+            raise ValueError(f"unknown recipe dspark fields {sorted(unknown)}; known: ['markov_rank']")
+        return MarkovBiasHead(drafter_config.vocab_size, int(head_ids.numel()),
+                              int(spec.get("markov_rank", 64)))
+    from vllm_liliprop.heads.domino import DominoConfig, DominoHead
+
+    unknown = set(spec) - {"rank"}
+    if unknown:
+        raise ValueError(f"unknown recipe domino fields {sorted(unknown)}; known: ['rank']")
+    config = DominoConfig(vocab_size=drafter_config.vocab_size, embed_size=int(embed_weight.shape[1]),
+                          hidden_size=drafter_config.hidden_size, rank=int(spec.get("rank", 64)))
+    return DominoHead(config, embed_weight, head_ids)
 
 
 def run_draft_training(
@@ -148,12 +183,12 @@ def run_draft_training(
     are loaded from recipe["target"] / recipe["data"].
     """
     from training.data import TokenizedDataset, collate
-    from training.export import export_dflash, export_lilicorr
+    from training.export import export_dflash, export_domino, export_dspark, export_lilicorr
     from training.features import CachedFeatures, OnlineFeatures, frozen_target_weights
 
     method = recipe.get("method")
-    if method not in ("dflash", "lilicorr"):
-        raise ValueError(f"recipe method must be 'dflash' or 'lilicorr', got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"recipe method must be one of {METHODS}, got {method!r}")
     train_config, env, device = start_run(recipe)
     target_model = load_frozen_target(recipe, device, target_model)
     if dataset is None:
@@ -177,9 +212,14 @@ def run_draft_training(
         vocab_ids, coverage = training_vocabulary(dataset, drafter.config.vocab_size,
                                                   int(recipe["train_vocab"]["size"]))
         extras["train_vocab"] = {"size": int(vocab_ids.numel()), "supervised_coverage": coverage}
+    correction = None
+    if method in SEQUENTIAL_HEADS:
+        head_ids = vocab_ids if vocab_ids is not None else torch.arange(drafter.config.vocab_size)
+        correction = build_sequential_head(method, recipe.get(method, {}), drafter.config,
+                                           embed_weight, head_ids.to(device)).to(device)
     objective = DraftObjective(
         drafter, embed_weight, lm_head_weight,
-        lattice=lattice, weights=weights, num_anchors=int(recipe.get("num_anchors", 512)),
+        lattice=lattice, correction=correction, weights=weights, num_anchors=int(recipe.get("num_anchors", 512)),
         vocab_ids=None if vocab_ids is None else vocab_ids.to(device),
     )
 
@@ -209,6 +249,9 @@ def run_draft_training(
     if lattice is not None:
         trainable["head"] = lattice
         extras["lattice_config"] = _lattice_config_dict(lattice.config)
+    if correction is not None:
+        trainable["head"] = correction
+        extras["head_recipe"] = dict(recipe.get(method, {}))
     trainer = Trainer(
         objective, trainable, make_inputs, len(dataset), train_config,
         device=device, dist_env=env, checkpoint_extras=extras, progress=progress,
@@ -220,9 +263,13 @@ def run_draft_training(
     export_dir = Path(train_config.output_dir) / "final"
     if env.is_main:
         dtype = getattr(torch, recipe.get("export_dtype", "bfloat16"))
+        draft_vocab = (vocab_ids, lm_head_weight) if export_vocab == "train" else None
         if lattice is not None:
             export_lilicorr(export_dir, drafter, lattice, dtype)
+        elif method == "dspark":
+            export_dspark(export_dir, drafter, correction, dtype, draft_vocab)
+        elif method == "domino":
+            export_domino(export_dir, drafter, correction, dtype, draft_vocab)
         else:
-            draft_vocab = (vocab_ids, lm_head_weight) if export_vocab == "train" else None
             export_dflash(export_dir, drafter, dtype, draft_vocab)
     return {"history": history, "export_dir": export_dir, "trainer": trainer}

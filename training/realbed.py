@@ -17,6 +17,9 @@ stages, and an interrupted one resumes from its partial output):
   dflash       vanilla DFlash drafter (recipe smollm2/dflash);
   lilicorr     LiLiCorr head trained jointly with the drafter, starting from the DFlash drafter
                (recipe smollm2/lilicorr);
+  dspark, domino  the papers' baselines (DSpark's Markov head, Domino's recurrent head), each
+               trained jointly with the drafter from the same start on the same budget
+               (recipes smollm2/dspark, smollm2/domino);
   dels_gru, dels_markov  DeLS short heads with the unigram prior, on the same data;
   measure      held-out teacher-forced tau of every draft.
 The regenerate, tokenize, draft, DeLS and measure stages are the shared functions of
@@ -153,6 +156,10 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
     stage("dflash", draft("dflash", "dflash"))
     stage("lilicorr", draft("lilicorr", "lilicorr", {"drafter.init_from": str(drafts / "dflash")}))
+    # The papers' baselines, from the same start and on the same budget as LiLiCorr.
+    for baseline in ("dspark", "domino"):
+        if baseline in recipe["recipes"]:
+            stage(baseline, draft(baseline, baseline, {"drafter.init_from": str(drafts / "dflash")}))
 
     for kind in ("gru", "markov"):
         def dels(kind=kind):
@@ -183,7 +190,7 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     return manifest
 
 
-SHIPPED = ("dflash", "lilicorr")  # dflash/ holds the DeLS folders dels/ and dels_markov/
+SHIPPED = ("dflash", "lilicorr", "dspark", "domino")  # dflash/ holds the DeLS folders dels/ and dels_markov/
 
 
 def ship(out: str | Path, dest: str | Path, log=print) -> Path:
