@@ -6,7 +6,8 @@ Sources, later ones win:
 3. the run: the environment variable `VLLM_LILIPROP_OPTIONS`, a JSON object with the same keys
    (it reaches vLLM's worker processes, which inherit the environment).
 
-A draft is served by this package when its architecture is `LiLiCorrDraftModel`, when its
+A draft is served by this package when its architecture is `LiLiCorrDraftModel` (rule "lattice")
+or `Qwen3DSparkModel` (rule "dspark"), when its
 `dflash_config` has a `liliprop` block, or when `VLLM_LILIPROP_OPTIONS` is set. Otherwise the
 proposer behaves exactly like vLLM's own DFlash proposer.
 """
@@ -22,9 +23,10 @@ from typing import Any
 ENV_VAR = "VLLM_LILIPROP_OPTIONS"
 CONFIG_BLOCK = "liliprop"
 LILICORR_ARCH = "LiLiCorrDraftModel"
+DSPARK_ARCH = "Qwen3DSparkModel"
 DFLASH_ARCH = "DFlashDraftModel"
 
-RULES = ("argmax", "lattice", "dels", "lattice+dels")
+RULES = ("argmax", "lattice", "dels", "lattice+dels", "dspark", "domino")
 WALKS = ("greedy", "viterbi")
 SAMPLINGS = ("deterministic", "probabilistic")
 DEFAULT_DELS_ALPHA = 0.3
@@ -37,12 +39,15 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class LiliPropOptions:
-    # "argmax" | "lattice" | "dels" | "lattice+dels" | "package.module:factory" (a custom rule)
+    # "argmax" | "lattice" | "dels" | "lattice+dels" | "dspark" | "domino"
+    # | "package.module:factory" (a custom rule)
     rule: str = "argmax"
     walk: str = "greedy"
     sampling: str = "deterministic"
     # DeLS head folder, relative to the draft directory unless absolute.
     dels_path: str = "dels"
+    # Domino head folder (heads/domino.py), relative to the draft directory unless absolute.
+    domino_path: str = "domino"
     # None: take the DeLS head's own defaults (0.3 / 0.3 unless its config says otherwise).
     dels_alpha: float | tuple[float, ...] | None = None
     dels_beta: float | tuple[float, ...] | None = None
@@ -117,11 +122,12 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
         _check_choice(where, "walk", out["walk"], WALKS)
     if "sampling" in out:
         _check_choice(where, "sampling", out["sampling"], SAMPLINGS)
-    if "dels_path" in out and not isinstance(out["dels_path"], str):
-        raise OptionError(
-            f"{where}.dels_path = {out['dels_path']!r} must be a string path (a folder with "
-            "config.json + model.safetensors, relative to the draft folder or absolute)."
-        )
+    for key in ("dels_path", "domino_path"):
+        if key in out and not isinstance(out[key], str):
+            raise OptionError(
+                f"{where}.{key} = {out[key]!r} must be a string path (a folder with "
+                "config.json + model.safetensors, relative to the draft folder or absolute)."
+            )
     for key in ("dels_alpha", "dels_beta"):
         if key in out:
             out[key] = _check_schedule(where, key, out[key])
@@ -172,15 +178,16 @@ def resolve_options(
     from_env = env_options(environ)
     block = dflash_config.get(CONFIG_BLOCK)
     is_lilicorr = LILICORR_ARCH in (architectures or [])
-    if not is_lilicorr and block is None and from_env is None:
+    is_dspark = DSPARK_ARCH in (architectures or [])
+    if not is_lilicorr and not is_dspark and block is None and from_env is None:
         return None
     if is_lilicorr:
         check_lilicorr_fields(dict(dflash_config))
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    if is_lilicorr:
-        values["rule"] = "lattice"
+    if is_lilicorr or is_dspark:
+        values["rule"] = "lattice" if is_lilicorr else "dspark"
         sources["rule"] = "architecture"
     if draft_sample_method == "probabilistic":
         values["sampling"] = "probabilistic"
@@ -199,5 +206,12 @@ def resolve_options(
         raise OptionError(
             f"rule {options.rule!r} (from {where}) needs a LiLiCorr head, but the draft's "
             f"architecture is {architectures}; use a {LILICORR_ARCH} checkpoint or rule 'dels'/'argmax'."
+        )
+    if (options.rule == "dspark") != is_dspark and options.rule in RULES:
+        raise OptionError(
+            f"rule {options.rule!r} (from {where}) does not fit the draft's architecture "
+            f"{architectures}: rule 'dspark' serves {DSPARK_ARCH} checkpoints (their Markov head), "
+            f"and a {DSPARK_ARCH} checkpoint is served by rule 'dspark' only (without its head "
+            "its drafter is not a DFlash drafter); fix the rule or the checkpoint."
         )
     return options

@@ -34,6 +34,10 @@ class RuleResources:
     # Target ids [n] of a reduced draft vocabulary (draft_vocab_size + d2t), ascending; None
     # for a full-vocabulary draft. Rules that can run over it (DeLS) do less work per step.
     draft_vocab_ids: torch.Tensor | None = None
+    # DSpark's Markov head weights (upstream names without the `markov_head.` prefix).
+    markov_state_dict: dict[str, torch.Tensor] | None = None
+    # The draft's config.json as vLLM read it (logit_scale, dspark_draft_topk, ...).
+    draft_hf_config: dict[str, Any] = field(default_factory=dict)
 
 
 def _load_custom_rule(spec: str):
@@ -82,4 +86,12 @@ def build_rule(options: LiliPropOptions, resources: RuleResources) -> DraftRule:
         from vllm_liliprop.rules.lattice_dels import LatticeDelsRule
 
         return LatticeDelsRule.from_resources(options, resources)
+    if options.rule == "dspark":
+        from vllm_liliprop.rules.dspark import DSparkRule
+
+        return DSparkRule.from_resources(options, resources)
+    if options.rule == "domino":
+        from vllm_liliprop.rules.domino import DominoRule
+
+        return DominoRule.from_resources(options, resources)
     raise OptionError(f"rule = {options.rule!r} is unknown.")
