@@ -93,6 +93,10 @@ def test_joint_training_learns_and_exports(method, tmp_path):
     ids = read_draft_vocab(export)
     assert config["draft_vocab_size"] == 12 and ids.numel() == 12
     load_dflash(export)  # the backbone reloads without the head's tensors
+    from training.build_stages.measure import sequential_head_acceptance
+
+    tau = sequential_head_acceptance(export, method, target, dataset, num_anchors=8, seed=0)
+    assert 1.0 <= tau <= recipe["drafter"]["block_size"]
     tensors = load_file(str(export / "model.safetensors"))
     if method == "dspark":
         assert config["architectures"] == ["Qwen3DSparkModel"]

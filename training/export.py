@@ -50,6 +50,8 @@ __all__ = [
     "export_domino",
     "load_dflash",
     "load_lilicorr",
+    "load_dspark",
+    "load_domino",
     "draft_vocab_tensors",
     "read_draft_vocab",
     "export_checkpoint",
@@ -219,6 +221,24 @@ def load_lilicorr(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> 
     head = {k[len(LILICORR_PREFIX):]: v for k, v in tensors.items() if k.startswith(LILICORR_PREFIX)}
     lattice.load_state_dict(head, strict=True)
     return drafter, lattice.to(dtype)
+
+
+def load_dspark(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, MarkovBiasHead]:
+    """Load an upstream-format DSpark draft directory (backbone and Markov head)."""
+    config, tensors = _read(Path(model_dir))
+    head = {k.removeprefix("model.")[len(MARKOV_PREFIX):]: v for k, v in tensors.items()
+            if k.removeprefix("model.").startswith(MARKOV_PREFIX)}
+    markov = MarkovBiasHead.from_state_dict(head, float(config.get("logit_scale", 1.0)))
+    return load_dflash(model_dir, dtype), markov.to(dtype)
+
+
+def load_domino(model_dir: str | Path, embed_weight: torch.Tensor,
+                dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, DominoHead]:
+    """Load a Domino draft directory (backbone and the domino/ head over `embed_weight`)."""
+    from vllm_liliprop.heads.domino import load_domino_head
+
+    head = load_domino_head(Path(model_dir) / DOMINO_SUBFOLDER, embed_weight, dtype=dtype)
+    return load_dflash(model_dir, dtype), head
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:

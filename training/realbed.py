@@ -21,7 +21,8 @@ stages, and an interrupted one resumes from its partial output):
                trained jointly with the drafter from the same start on the same budget
                (recipes smollm2/dspark, smollm2/domino);
   dels_gru, dels_markov  DeLS short heads with the unigram prior, on the same data;
-  measure      held-out teacher-forced tau of every draft.
+  measure      held-out teacher-forced tau of every draft;
+  measure_baselines  the same for the DSpark and Domino drafts.
 The regenerate, tokenize, draft, DeLS and measure stages are the shared functions of
 training/build_stages/ (training.testbed runs them for the offline tiny target).
 OUT/manifest.json gathers the fragments, the recipes, seeds, versions and the target's sha256.
@@ -182,6 +183,21 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
                              recipe["measure"]["num_anchors"], seed)
 
     stage("measure", measure)
+
+    baselines = [name for name in ("dspark", "domino") if name in recipe["recipes"]]
+    if baselines:
+        def measure_baselines():
+            from transformers import AutoModelForCausalLM
+
+            from training.build_stages.measure import measure_baselines_stage
+            from training.data import TokenizedDataset
+
+            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+            heldout = TokenizedDataset.load(data / "heldout.jsonl")
+            return measure_baselines_stage(target, heldout, {name: drafts / name for name in baselines},
+                                           recipe["measure"]["num_anchors"], seed)
+
+        stage("measure_baselines", measure_baselines)
 
     manifest = {"command": command, "recipe": recipe, "seed": seed, "stages": finished_stages(out),
                 "target_weights_sha256": stages["target"]["weights_sha256"], "versions": versions()}

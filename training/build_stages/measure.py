@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["drafter_acceptance", "dels_heldout_ce", "measure_stage"]
+__all__ = ["drafter_acceptance", "sequential_head_acceptance", "dels_heldout_ce", "measure_stage",
+           "measure_baselines_stage"]
 
 
 @torch.no_grad()
@@ -42,6 +43,45 @@ def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anc
             if key in terms:
                 sums[key] = sums.get(key, 0.0) + float(terms[key]) * n
     return {key: value / max(blocks, 1.0) for key, value in sums.items()}
+
+
+@torch.no_grad()
+def sequential_head_acceptance(draft_dir: Path, kind: str, target, dataset, num_anchors: int,
+                               seed: int) -> float:
+    """Held-out greedy tau of a DSpark or Domino draft. Teacher forcing gives it exactly: up to
+    the first miss a greedy left-to-right draft consumed the true tokens, so its accepted prefix
+    is the teacher-forced argmax's."""
+    from training.data import collate
+    from training.export import load_domino, load_dspark, read_draft_vocab
+    from training.features import OnlineFeatures, frozen_target_weights
+    from training.losses import LossWeights
+    from training.objective import DraftObjective
+    from training.trainer import seeds_for
+
+    embed, lm_head = frozen_target_weights(target)
+    drafter, head = load_dspark(draft_dir) if kind == "dspark" else load_domino(draft_dir, embed.float())
+    objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), correction=head.eval(),
+                               weights=LossWeights(distractor=0.0), num_anchors=num_anchors,
+                               vocab_ids=read_draft_vocab(draft_dir))
+    features = OnlineFeatures(target, drafter.config.target_layer_ids, final_hidden=False)
+    accepted, blocks = 0.0, 0.0
+    for i in range(len(dataset)):
+        batch = collate([dataset[i]])
+        terms = objective(batch["input_ids"], batch["loss_mask"], features(batch)["target_taps"],
+                          seeds_for([i], seed, 0))
+        accepted += float(terms["accept_argmax"]) * float(terms["blocks"])
+        blocks += float(terms["blocks"])
+    return 1 + accepted / max(blocks, 1.0)
+
+
+def measure_baselines_stage(target, heldout, drafts: dict[str, str | Path], num_anchors: int,
+                            seed: int) -> dict[str, Any]:
+    """Held-out tau of the baselines' drafts ({"dspark": dir, "domino": dir}), on the anchors of
+    the measure stage (same seed), so the numbers compare with its heldout_tau."""
+    return {"heldout_examples": len(heldout), "anchors_per_example": num_anchors,
+            "heldout_tau": {kind: round(sequential_head_acceptance(Path(folder), kind, target, heldout,
+                                                                   num_anchors, seed), 4)
+                            for kind, folder in drafts.items()}}
 
 
 @torch.no_grad()
