@@ -178,3 +178,27 @@ def test_missing_domino_folder_stops_the_engine_with_the_fix(tiny_models, domino
     text = error_chain(error.value)
     assert f"domino_path: no Domino head at {draft / 'domino'}" in text, text
     assert "export_domino" in text, text
+
+
+def test_sampled_domino_drafts_run_with_their_distributions(tiny_models, domino_draft):
+    """sampling = probabilistic: the rule draws each slot and hands vLLM's rejection sampler the
+    distributions (finite, over the vocabulary); the engine serves every request in full."""
+    seen = []
+
+    def prepare(drafter):
+        rule = drafter.draft_rule
+        real = rule.propose
+
+        def propose(inputs):
+            output = real(inputs)
+            seen.append(output.probs is not None and bool(torch.isfinite(output.probs).all()))
+            return output
+
+        rule.propose = propose
+
+    ids, counters, drafter = generate(tiny_models["target"], domino_draft, temperature=0.8,
+                                      seeds=list(range(5)), options={"sampling": "probabilistic"},
+                                      prepare=prepare)
+    assert drafter.draft_rule.name == "domino-sampled"
+    assert seen and all(seen) and drafter.num_rule_faults == 0
+    assert [len(ys) for ys in ids] == [32] * 5 and counters.num_drafts > 0
