@@ -123,3 +123,43 @@ def attach_random_gru_head(draft_dir, target_dir, seed=0, vocab_size=1024):
     fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(target_dir))
     config = DelsConfig.for_head(head, prior, tokenizer_fingerprint=fingerprint)
     return save_dels_head(Path(draft_dir) / "dels", head, prior, config)
+
+
+def build_tiny_dspark(out_dir, target_dir, *, sample_from_anchor=True, rank=8, strength=4.0,
+                      seed=3, draft_ids=None, favourites=None, **config_fields):
+    """An upstream-format `Qwen3DSparkModel` draft: the tiny random DFlash drafter plus a random
+    Markov head whose bias (std about `strength` logits) moves many drafts off the drafter's
+    argmax. draft_ids: a reduced draft vocabulary (ascending target ids; lm_head + d2t from the
+    target's LM head). favourites: instead of a random head, one that adds `strength` to
+    favourites[0] and strength - 1 to favourites[1] after any token. config_fields go to
+    config.json (logit_scale, dspark_draft_topk, ...)."""
+    from training.export import draft_vocab_tensors
+
+    out_dir = Path(out_dir)
+    build_tiny_dflash_draft(out_dir, target_dir, seed=seed)
+    config = json.loads((out_dir / "config.json").read_text())
+    vocab = config["vocab_size"]
+    rows = vocab if draft_ids is None else len(draft_ids)
+    generator = torch.Generator().manual_seed(seed + 100)
+    weights = load_file(str(out_dir / "model.safetensors"))
+    if favourites is None:
+        w1 = torch.randn(vocab, rank, generator=generator)
+        w2 = torch.randn(rows, rank, generator=generator) * (strength / rank ** 0.5)
+    else:
+        w1, w2 = torch.zeros(vocab, rank), torch.zeros(rows, rank)
+        w1[:, 0] = 1.0
+        index = list(range(vocab)) if draft_ids is None else list(draft_ids)
+        w2[index.index(favourites[0]), 0] = strength
+        w2[index.index(favourites[1]), 0] = strength - 1.0
+    weights["markov_head.markov_w1.weight"] = w1.contiguous()
+    weights["markov_head.markov_w2.weight"] = w2.contiguous()
+    if draft_ids is not None:
+        target = load_file(str(Path(target_dir) / "model.safetensors"))
+        lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+        weights.update(draft_vocab_tensors(torch.tensor(sorted(draft_ids)), lm_head))
+        config["draft_vocab_size"] = rows
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"))
+    config.update({"architectures": ["Qwen3DSparkModel"], "markov_rank": rank,
+                   "sample_from_anchor": sample_from_anchor, **config_fields})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out_dir

@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Five patches, each logged once and safe to apply twice:
+Seven patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -18,7 +18,21 @@ Five patches, each logged once and safe to apply twice:
    not have ("CPU Generator does not use offset"): any seeded request at T > 0 whose prompt is
    prefilled in chunks crashes the engine. On CPU the rewind is skipped; the request's seeded
    stream simply goes on, so its samples stay exact draws from the distribution and a rerun with
-   the same batches repeats them.
+   the same batches repeats them;
+6. an upstream DSpark draft (`Qwen3DSparkModel`) asked for with method "dspark" (or no method,
+   which vLLM detects as "dspark") has its method rewritten to "dflash" once vLLM has finished
+   its DSpark-specific config handling (default num_speculative_tokens = block_size,
+   dspark_draft_topk copied into the draft config), so the V1 runner builds `LiliPropProposer`
+   for it (vLLM's V1 refuses "dspark"; the checkpoint's model class subclasses vLLM's DFlash
+   one, so the DFlash proposer loads and runs it, Markov head included). Its target layers are
+   also copied into `dflash_config.target_layer_ids` when the checkpoint names them only at the
+   top level (`target_layer_ids` / `dspark_target_layer_ids`, read by vLLM's V2 only). A user
+   forcing VLLM_USE_V2_MODEL_RUNNER=1 keeps upstream's V2 DSpark speculator; no other DSpark
+   architecture is touched;
+7. with method "dflash", vLLM's draft config wrapper (`EAGLEConfig`) renames an architecture X to
+   "DFlashX", a model vLLM does not have for X = Qwen3DSparkModel: the DSpark architecture keeps
+   its name (as vLLM does for LiLiCorrDraftModel), so `method: "dflash"` with a DSpark
+   checkpoint loads the same model and is served as in 6. Not with V2 forced.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from typing import Any, Callable
 
 from vllm.logger import init_logger
 
-from vllm_liliprop.options import LILICORR_ARCH, env_options
+from vllm_liliprop.options import DSPARK_ARCH, LILICORR_ARCH, env_options
 
 logger = init_logger("vllm.liliprop.patching")
 
@@ -69,13 +83,63 @@ def asks_for_liliprop_rules(vllm_config) -> bool:
     return request is not None and ("liliprop" in request[1] or env_options() is not None)
 
 
+def v2_forced() -> bool:
+    return os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() in ("1", "true")
+
+
 def served_on_v1(vllm_config) -> bool:
     request = draft_request(vllm_config)
     if request is None:
         return False
-    forced_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() in ("1", "true")
-    is_lilicorr = LILICORR_ARCH in request[0]
-    return asks_for_liliprop_rules(vllm_config) or (is_lilicorr and not forced_v2)
+    has_head = LILICORR_ARCH in request[0] or DSPARK_ARCH in request[0]
+    return asks_for_liliprop_rules(vllm_config) or (has_head and not v2_forced())
+
+
+def _is_dspark_draft(speculative_config) -> bool:
+    draft = getattr(speculative_config, "draft_model_config", None)
+    return draft is not None and DSPARK_ARCH in (draft.architectures or [])
+
+
+def _copy_dspark_target_layers(hf_config) -> None:
+    dflash_config = dict(getattr(hf_config, "dflash_config", None) or {})
+    if dflash_config.get("target_layer_ids"):
+        return
+    for name in ("dspark_target_layer_ids", "target_layer_ids"):
+        layer_ids = getattr(hf_config, name, None)
+        if layer_ids:
+            dflash_config["target_layer_ids"] = list(layer_ids)
+            hf_config.dflash_config = dflash_config
+            return
+
+
+def _wrap_speculative_post_init(original: Callable) -> Callable:
+    def __post_init__(self) -> None:
+        original(self)
+        if self.method not in ("dspark", "dflash") or not _is_dspark_draft(self) or v2_forced():
+            return
+        _copy_dspark_target_layers(self.draft_model_config.hf_config)
+        if self.method == "dspark":
+            self.method = "dflash"
+            logger.info_once(
+                "vllm-liliprop serves the %s draft on the V1 model runner (speculative method "
+                "'dspark' runs as 'dflash' through LiliPropProposer and its DSpark rule; set "
+                "VLLM_USE_V2_MODEL_RUNNER=1 for upstream's V2 DSpark speculator).",
+                DSPARK_ARCH,
+            )
+
+    return __post_init__
+
+
+def _wrap_eagle_config_init(original: Callable) -> Callable:
+    renamed = "DFlash" + DSPARK_ARCH
+
+    def __init__(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        architectures = list(getattr(self, "architectures", None) or [])
+        if renamed in architectures and not v2_forced():
+            self.architectures = [DSPARK_ARCH if a == renamed else a for a in architectures]
+
+    return __init__
 
 
 def _wrap_v2_unsupported(original: Callable) -> Callable:
@@ -142,16 +206,22 @@ def apply_patches() -> None:
 
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
+    from vllm.config import SpeculativeConfig
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
+
     _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
     _patch_cpu_expand_kernel()
     _patch_cpu_generator_rewind(gpu_model_runner.GPUModelRunner)
-    for name, wrap in (
-        ("_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
-        ("_is_dflash_candidate_draft", _wrap_candidate_draft),
+    for owner, name, wrap in (
+        (VllmConfig, "_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
+        (VllmConfig, "_is_dflash_candidate_draft", _wrap_candidate_draft),
+        # pydantic calls a dataclass's __post_init__ by name, so the wrapper is what runs.
+        (SpeculativeConfig, "__post_init__", _wrap_speculative_post_init),
+        (EAGLEConfig, "__init__", _wrap_eagle_config_init),
     ):
-        current = VllmConfig.__dict__[name]
+        current = owner.__dict__[name]
         if getattr(current, _MARK, None) is None:
-            _replace(VllmConfig, name, wrap(current))
+            _replace(owner, name, wrap(current))
 
 
 def _patch_cpu_expand_kernel() -> None:

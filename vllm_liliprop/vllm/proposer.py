@@ -2,9 +2,12 @@
 
 Only these things differ from `DFlashProposer`:
 - `__init__` refuses a heterogeneous vocabulary (`use_heterogeneous_vocab`) when a rule runs;
-- `load_model` also builds the draft rule named by the options (lattice head, DeLS head, ...);
+- `load_model` also builds the draft rule named by the options (lattice head, DeLS head, DSpark's
+  Markov head read from the checkpoint's `markov_head.*` tensors, ...);
 - `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
-  the target state at the last verified position (the LiLiCorr anchor);
+  the target state at the last verified position (the LiLiCorr anchor). For a DSpark draft with
+  `sample_from_anchor` (upstream's default) it builds upstream's anchor layout instead of
+  DFlash's fill-in block: N queries [anchor, mask x (N-1)], all N of them sampled;
 - `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
   Rows the rule could not score get the drafter's argmax on the device (rules/fallback.py):
   the step reads nothing back to the host;
@@ -25,7 +28,8 @@ from typing_extensions import override
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from vllm_liliprop.options import resolve_options
+from vllm_liliprop.heads.dspark import MARKOV_PREFIX
+from vllm_liliprop.options import DSPARK_ARCH, resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.rules.factory import RuleResources, build_rule
@@ -34,18 +38,28 @@ from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, d
 logger = init_logger("vllm.liliprop.proposer")
 
 
-def read_lattice_weights(draft_dir: Path) -> dict[str, torch.Tensor]:
-    """The LiLiCorr head's weights from the checkpoint files (vLLM's loader has checked their
-    coverage; its in-memory copies may already be repacked for the CPU GEMM kernels)."""
+def read_head_weights(draft_dir: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of one head (`lilicorr.`: the LiLiCorr head, `markov_head.`: DSpark's) from
+    the checkpoint files, named without `model.` and `prefix`. vLLM's loader has checked their
+    coverage; its in-memory copies may already be repacked for the CPU GEMM kernels."""
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
     for path in sorted(draft_dir.glob("*.safetensors")):
         for name, value in load_file(str(path)).items():
             name = name.removeprefix("model.")
-            if name.startswith("lilicorr."):
-                state[name.removeprefix("lilicorr.")] = value
+            if name.startswith(prefix):
+                state[name.removeprefix(prefix)] = value
     return state
+
+
+def samples_from_anchor(hf_config) -> bool:
+    """Whether a DSpark draft uses upstream's anchor layout: N queries [anchor, mask x (N-1)],
+    every one predicting the next token (`sample_from_anchor`, True when absent, as upstream).
+    False, and any other draft: DFlash's 1 + N fill-in layout."""
+    if DSPARK_ARCH not in (getattr(hf_config, "architectures", None) or []):
+        return False
+    return bool(getattr(hf_config, "sample_from_anchor", True))
 
 
 def refuse_heterogeneous_vocab(speculative_config) -> None:
@@ -92,6 +106,7 @@ class LiliPropProposer(DFlashProposer):
         self._anchor_valid: torch.Tensor | None = None
         self._draft_argmax: DraftVocabArgmax | None = None
         self._draft_vocab_logits = None
+        self.anchor_layout = samples_from_anchor(hf_config)
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
             logger.info(
@@ -127,11 +142,17 @@ class LiliPropProposer(DFlashProposer):
             num_slots=int(self.num_speculative_tokens),
             draft_hidden_size=int(hf_config.hidden_size),
             rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
-            lattice_state_dict=read_lattice_weights(draft_path) if has_head else None,
+            lattice_state_dict=read_head_weights(draft_path, "lilicorr.") if has_head else None,
             tokenizer_fingerprint=(
                 self._tokenizer_fingerprint() if self.liliprop_options.uses_dels else None
             ),
             draft_vocab_ids=draft_vocab_ids(self.model),
+            markov_state_dict=(
+                read_head_weights(draft_path, MARKOV_PREFIX)
+                if self.liliprop_options.rule == "dspark" and draft_path.is_dir()
+                else None
+            ),
+            draft_hf_config=hf_config.to_dict(),
         )
         self._draft_vocab_logits = (
             None if resources.draft_vocab_ids is None else draft_vocab_logits(self.model)
@@ -169,15 +190,40 @@ class LiliPropProposer(DFlashProposer):
             self._anchor_ids = next_token_ids
             if self._needs_anchor_hidden:
                 self._remember_anchor_state(target_hidden_states, cad, num_rejected_tokens_gpu)
-        return super().set_inputs_first_pass(
-            target_token_ids,
-            next_token_ids,
-            target_positions,
-            target_hidden_states,
-            token_indices_to_sample,
-            cad,
-            num_rejected_tokens_gpu,
-        )
+        if not self.anchor_layout:
+            return super().set_inputs_first_pass(
+                target_token_ids,
+                next_token_ids,
+                target_positions,
+                target_hidden_states,
+                token_indices_to_sample,
+                cad,
+                num_rejected_tokens_gpu,
+            )
+        # DSpark's anchor layout is DFlash's 1 + N fill-in layout with one mask fewer: the
+        # parent with N - 1 speculative tokens writes exactly the queries [anchor, mask x (N-1)]
+        # at positions last + 1 .. last + N (its kernel takes the count as a run-time scalar),
+        # with their slots, the context KV and the attention metadata for N queries a request.
+        # Only the sampled rows differ: every query predicts the next token, so all N query
+        # offsets 0..N-1 are sampled, not the N - 1 masks. The block is one query shorter than
+        # the 1 + N that vLLM sized the buffers, dummy_run and the KV lookahead for (method
+        # "dflash"), so those bounds stay valid.
+        num_spec = self.num_speculative_tokens
+        self.num_speculative_tokens = num_spec - 1
+        try:
+            num_query_total, _, new_cad = super().set_inputs_first_pass(
+                target_token_ids,
+                next_token_ids,
+                target_positions,
+                target_hidden_states,
+                token_indices_to_sample,
+                cad,
+                num_rejected_tokens_gpu,
+            )
+        finally:
+            self.num_speculative_tokens = num_spec
+        # Request b's queries are rows b * N .. b * N + N - 1: all of them, in order.
+        return num_query_total, self.arange[:num_query_total], new_cad
 
     def _remember_anchor_state(self, context_states, cad, num_rejected) -> None:
         # In padded mode the context still holds the rejected slots: the last verified token of
