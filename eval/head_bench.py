@@ -21,6 +21,14 @@ forward of a stand-in DFlash drafter (`training.drafter.DFlashDrafter`, random w
     dels_draft/markov, dels_draft/gru          DeLS over the full vocabulary, slot by slot.
     lattice_dels_terms_markov                  the Markov DeLS bonus on the lattice.
     greedy_walk_with_short_head/markov|gru     the step-by-step lattice + DeLS walk.
+    domino_head       Domino's sequential correction (heads/domino.py through
+                      heads/sequential.sequential_draft): per slot, a GRU cell at the drafter's
+                      width on the previous token's embedding, a rank-64 residual over V added
+                      to the drafter's logits, and the argmax; what rule "domino" runs.
+    dspark_markov_head  DSpark's Markov head (heads/dspark.MarkovBiasHead, rank 64) through the
+                      same sequential drafting; what rule "dspark" runs.
+    LiLiCorr's head per block (paper Table 3) is topk_candidates + lattice_head + greedy_walk
+    (or viterbi_walk); the two sequential rows include their per-slot picks over V.
 
 The machine may be shared and noisy, so all pieces of one batch size are measured side by side:
 after an interleaved warm-up, each round times every piece once (rotating the order between
@@ -65,12 +73,15 @@ from training.drafter import (
 from vllm_liliprop import kernels, walks
 from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead
+from vllm_liliprop.heads.domino import DominoConfig, DominoHead
+from vllm_liliprop.heads.dspark import MarkovBiasHead
 from vllm_liliprop.heads.dels_rules import (
     dels_draft,
     greedy_walk_with_short_head,
     lattice_dels_terms_markov,
 )
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.heads.sequential import sequential_draft
 
 BLOCK_SIZE = 16
 NUM_SLOTS = BLOCK_SIZE - 1
@@ -79,6 +90,7 @@ QWEN3_VOCAB = 151_936
 NUM_TARGET_TAPS = 5  # DFlash fuses 5 target layers
 NUM_TARGET_LAYERS = 36  # only names the tapped layers; Qwen3-8B's depth
 DELS_WEIGHT = 0.3  # alpha = beta, the DeLS paper's default
+SEQUENTIAL_RANK = 64  # Domino's and DSpark's residual rank (training/recipes/smollm2/*.json)
 MIN_SAMPLE_MS = 5.0  # shorter pieces are timed as back-to-back runs of about this length
 MAX_CALLS_PER_SAMPLE = 64
 
@@ -100,6 +112,8 @@ PIECES = (
     "lattice_dels_terms_markov",
     "greedy_walk_with_short_head/markov",
     "greedy_walk_with_short_head/gru",
+    "domino_head",
+    "dspark_markov_head",
 )
 
 
@@ -218,6 +232,8 @@ class Models:
     markov: MarkovShortHead
     gru: GRUShortHead
     log_prior: torch.Tensor  # [V] fp32
+    domino: DominoHead
+    dspark: MarkovBiasHead
     normalizer_build_s: float  # one-time cost of the Markov head's log-normalizer table
 
 
@@ -230,6 +246,15 @@ def build_models(cfg: BenchConfig, device: torch.device) -> Models:
         embed_weight = (0.02 * torch.randn(cfg.vocab_size, cfg.hidden_size)).to(dtype)
         lm_head_weight = (0.02 * torch.randn(cfg.vocab_size, cfg.hidden_size)).to(dtype)
         log_prior = torch.log_softmax(torch.randn(cfg.vocab_size), dim=0)
+        # fp32 sequential heads over the full vocabulary, as rules/domino.py loads them.
+        domino = DominoHead(DominoConfig(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size,
+                                         SEQUENTIAL_RANK), embed_weight,
+                            torch.arange(cfg.vocab_size))
+        dspark = MarkovBiasHead(cfg.vocab_size, cfg.vocab_size, SEQUENTIAL_RANK)
+        for param in (domino.up.weight, dspark.markov_w2.weight):  # zero-initialised
+            torch.nn.init.normal_(param, std=0.02)
+    domino = domino.eval().requires_grad_(False)
+    dspark = dspark.eval().requires_grad_(False)
     # fp32 short heads reading the target's table, as vllm_liliprop.rules.dels loads them.
     markov = MarkovShortHead(cfg.vocab_size, cfg.dels_rank, device=device)
     markov = markov.eval().requires_grad_(False)
@@ -242,7 +267,7 @@ def build_models(cfg: BenchConfig, device: torch.device) -> Models:
     _synchronize(device)
     normalizer_build_s = time.perf_counter() - began
     return Models(drafter, embed_weight, lm_head_weight, lattice, markov, gru, log_prior,
-                  normalizer_build_s)
+                  domino, dspark, normalizer_build_s)
 
 
 class DraftStep:
@@ -346,6 +371,9 @@ def make_pieces(models: Models, step: DraftStep) -> dict[str, Callable[[], objec
             start, pairs, candidate_ids, anchor_ids, models.markov, log_prior, weight, weight),
         "greedy_walk_with_short_head/gru": lambda: greedy_walk_with_short_head(
             start, pairs, candidate_ids, anchor_ids, models.gru, log_prior, weight, weight),
+        "domino_head": lambda: sequential_draft(logits, anchor_ids, pass_hidden, models.domino),
+        "dspark_markov_head": lambda: sequential_draft(logits, anchor_ids, pass_hidden,
+                                                       models.dspark),
     }
     if tuple(pieces) != PIECES:
         raise RuntimeError(f"make_pieces built {tuple(pieces)}; update PIECES to match.")
@@ -436,6 +464,9 @@ def describe(cfg: BenchConfig, preset: str, device: torch.device, models: Models
         f"DeLS: markov rank {cfg.dels_rank}; gru hidden {cfg.side_width}, rank {cfg.dels_rank}; "
         f"alpha=beta={DELS_WEIGHT}; fp32 heads; one-time Markov log-normalizer table "
         f"{models.normalizer_build_s:.2f} s (not in the table)",
+        f"sequential heads (fp32, over V, picks included): domino GRU cell {cfg.hidden_size} "
+        f"wide, rank {SEQUENTIAL_RANK}; dspark Markov rank {SEQUENTIAL_RANK}; LiLiCorr's per block "
+        "is topk_candidates + lattice_head + greedy_walk",
         f"kernels dispatcher (*/kernels rows): {kernel_backend}",
         f"timing: warmup {cfg.warmup}, median of {cfg.repeats} interleaved rounds; "
         + ("CUDA events" if device.type == "cuda" else "time.perf_counter"),
@@ -443,8 +474,8 @@ def describe(cfg: BenchConfig, preset: str, device: torch.device, models: Models
     if device.type == "cpu" and cfg.vocab_size != QWEN3_VOCAB:
         lines.append(
             f"NOTE: V = {cfg.vocab_size} on CPU, not Qwen3's {QWEN3_VOCAB}: lm_head, "
-            "topk_candidates and dels_draft scale with V, so their ratios are lower than at full "
-            "vocabulary."
+            "topk_candidates, dels_draft and the sequential heads scale with V, so their ratios "
+            "are lower than at full vocabulary."
         )
     return lines
 

@@ -8,13 +8,14 @@ import sys
 import pandas as pd
 import pytest
 
-from eval.head_bench import COLUMNS, DRAFTER_PIECE, PIECES, PRESETS, BenchConfig
+from eval.head_bench import COLUMNS, DRAFTER_PIECE, NUM_SLOTS, PIECES, PRESETS, BenchConfig
 
 # The pieces the benchmark exists to compare; PIECES may grow, these must stay.
 REQUIRED_PIECES = {
     "drafter_forward", "lm_head", "topk_candidates", "topk_candidates/kernels", "lattice_head",
     "greedy_walk", "viterbi_walk", "sampled_walk", "dels_draft/markov", "dels_draft/gru",
-    "lattice_dels_terms_markov", "greedy_walk_with_short_head/gru",
+    "lattice_dels_terms_markov", "greedy_walk_with_short_head/gru", "domino_head",
+    "dspark_markov_head",
 }
 
 
@@ -51,6 +52,26 @@ def test_quick_run_times_every_piece_relative_to_the_drafter(tmp_path):
         drafter_ms = rows.loc[rows.piece == DRAFTER_PIECE, "median_ms"].item()
         for ms, ratio in zip(rows.median_ms, rows.ratio_to_drafter):
             assert ratio == pytest.approx(ms / drafter_ms, rel=1e-12)
+
+
+def test_sequential_heads_draft_a_block_at_the_drafters_width():
+    """The Domino and DSpark rows time real sequential drafting of the benchmark's block: a GRU
+    cell as wide as the drafter and residuals over the whole vocabulary."""
+    import torch
+
+    from eval.head_bench import SEQUENTIAL_RANK, DraftStep, build_models, make_pieces
+
+    cfg, cpu = PRESETS["quick"], torch.device("cpu")
+    models = build_models(cfg, cpu)
+    assert models.domino.config.hidden_size == cfg.hidden_size
+    assert models.domino.up.weight.shape == (cfg.vocab_size, SEQUENTIAL_RANK)
+    assert models.dspark.markov_w2.weight.shape == (cfg.vocab_size, SEQUENTIAL_RANK)
+    with torch.inference_mode():
+        pieces = make_pieces(models, DraftStep(models, cfg, 2, cpu))
+        for name in ("domino_head", "dspark_markov_head"):
+            ids, faulty = pieces[name]()
+            assert ids.shape == (2, NUM_SLOTS) and not faulty.any(), name
+            assert ids.min() >= 0 and ids.max() < cfg.vocab_size
 
 
 @pytest.mark.parametrize(
