@@ -126,13 +126,15 @@ def attach_random_gru_head(draft_dir, target_dir, seed=0, vocab_size=1024):
 
 
 def build_tiny_dspark(out_dir, target_dir, *, sample_from_anchor=True, rank=8, strength=4.0,
-                      seed=3, draft_ids=None, favourites=None, **config_fields):
+                      seed=3, draft_ids=None, favourites=None, flat_drafter=False,
+                      **config_fields):
     """An upstream-format `Qwen3DSparkModel` draft: the tiny random DFlash drafter plus a random
     Markov head whose bias (std about `strength` logits) moves many drafts off the drafter's
     argmax. draft_ids: a reduced draft vocabulary (ascending target ids; lm_head + d2t from the
     target's LM head). favourites: instead of a random head, one that adds `strength` to
-    favourites[0] and strength - 1 to favourites[1] after any token. config_fields go to
-    config.json (logit_scale, dspark_draft_topk, ...)."""
+    favourites[0] and strength - 1 to favourites[1] after any token. flat_drafter: the draft gets
+    its own all-zero LM head, so every base logit is 0 and the head alone shapes the drafts.
+    config_fields go to config.json (logit_scale, dspark_draft_topk, ...)."""
     from training.export import draft_vocab_tensors
 
     out_dir = Path(out_dir)
@@ -158,6 +160,9 @@ def build_tiny_dspark(out_dir, target_dir, *, sample_from_anchor=True, rank=8, s
         lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
         weights.update(draft_vocab_tensors(torch.tensor(sorted(draft_ids)), lm_head))
         config["draft_vocab_size"] = rows
+    if flat_drafter:
+        weights["lm_head.weight"] = torch.zeros(rows, config["hidden_size"])
+        config["has_own_lm_head"] = True
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"))
     config.update({"architectures": ["Qwen3DSparkModel"], "markov_rank": rank,
                    "sample_from_anchor": sample_from_anchor, **config_fields})
