@@ -69,7 +69,10 @@ def _write(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], dtype:
         raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES.values())}, got {dtype}")
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {**config, "torch_dtype": _DTYPE_NAMES[dtype], "dtype": _DTYPE_NAMES[dtype]}
-    weights = {name: t.detach().to("cpu", dtype).contiguous() for name, t in tensors.items()}
+    # Only weights take the export dtype: an integer table (d2t) in bf16 would round every
+    # offset above 256, sending drafts to the wrong target ids.
+    weights = {name: t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
+               for name, t in tensors.items()}
     save_file(weights, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
