@@ -166,16 +166,15 @@ def test_exported_checkpoint_loads_in_vllm_unchanged(tiny_models, plain):
     torch.nn.init.normal_(head.markov_w2.weight, std=2.0)
     lm_head = load_file(f"{target_dir}/model.safetensors")
     lm_head = lm_head.get("lm_head.weight", lm_head["model.embed_tokens.weight"])
-    # fp32: export_dspark's default bf16 also casts the integer d2t to bf16, which rounds
-    # offsets above 256 (test_dspark_rule.py::test_bf16_export_keeps_d2t).
     export = export_dspark(tiny_models["root"] / "dspark-exported", drafter_module, head,
-                           dtype=torch.float32, draft_vocab=(draft_ids, lm_head))
+                           draft_vocab=(draft_ids, lm_head))  # bf16, the default
     recorder = Recorder()
     ids, drafter = run(tiny_models, export, "dspark", recorder)
     assert not drafter.anchor_layout and drafter.draft_rule.name == "dspark"
     assert torch.equal(drafter.draft_rule.vocab_ids.cpu(), draft_ids)
     loaded = drafter.model.model.markov_head
     written = load_file(str(export / "model.safetensors"))
+    assert written["d2t"].dtype == torch.int64
     assert torch.equal(loaded.markov_w1.weight.float(), written["markov_head.markov_w1.weight"].float())
     assert torch.equal(loaded.markov_w2.weight[: draft_ids.numel()].float(),
                        written["markov_head.markov_w2.weight"].float())

@@ -7,7 +7,7 @@ Seven patches, each logged once and safe to apply twice:
    ("DFlash candidate-head drafts");
 3. a draft served by this package makes vLLM pick the V1 runner; if the user forces V2
    (VLLM_USE_V2_MODEL_RUNNER=1) the engine stops with a message saying how to fix it. A plain
-   LiLiCorr checkpoint with V2 forced is left to upstream's V2 speculator;
+   LiLiCorr or DSpark checkpoint with V2 forced is left to upstream's V2 speculator;
 4. CPU only: vLLM 0.32's C++ stand-in for the rejection sampler's `expand_kernel` casts its
    float output to an int64 copy and writes there, so the per-token temperatures that scale the
    target logits during verification stay uninitialised memory (and 0.7 becomes 0). Speculative

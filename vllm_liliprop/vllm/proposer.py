@@ -148,9 +148,7 @@ class LiliPropProposer(DFlashProposer):
             ),
             draft_vocab_ids=draft_vocab_ids(self.model),
             markov_state_dict=(
-                read_head_weights(draft_path, MARKOV_PREFIX)
-                if self.liliprop_options.rule == "dspark" and draft_path.is_dir()
-                else None
+                self._markov_weights(draft_path) if self.liliprop_options.rule == "dspark" else None
             ),
             draft_hf_config=hf_config.to_dict(),
         )
@@ -161,6 +159,22 @@ class LiliPropProposer(DFlashProposer):
         self._embedding = embedding
         self._needs_anchor_hidden = bool(getattr(self.draft_rule, "needs_anchor_hidden", False))
         logger.info("vllm-liliprop draft rule ready: %s", self.draft_rule.name)
+
+    def _markov_weights(self, draft_path: Path) -> dict[str, torch.Tensor] | None:
+        """DSpark's Markov head as the checkpoint stores it; for a draft that is not a local
+        folder (a hub id), the copies vLLM loaded (markov_w2 without ParallelLMHead's padding
+        rows). None when the draft has no head: the rule then says what is missing."""
+        if draft_path.is_dir():
+            return read_head_weights(draft_path, MARKOV_PREFIX)
+        head = getattr(getattr(self.model, "model", None), "markov_head", None)
+        if head is None:
+            return None
+        rows = int(getattr(self.draft_model_config.hf_config, "draft_vocab_size", None)
+                   or self.draft_model_config.hf_config.vocab_size)
+        return {
+            "markov_w1.weight": head.markov_w1.weight.detach(),
+            "markov_w2.weight": head.markov_w2.weight.detach()[:rows],
+        }
 
     def _tokenizer_fingerprint(self) -> str | None:
         try:
