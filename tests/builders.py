@@ -127,13 +127,14 @@ def attach_random_gru_head(draft_dir, target_dir, seed=0, vocab_size=1024):
 
 def build_tiny_dspark(out_dir, target_dir, *, sample_from_anchor=True, rank=8, strength=4.0,
                       seed=3, draft_ids=None, favourites=None, flat_drafter=False,
-                      **config_fields):
+                      confidence_head=False, **config_fields):
     """An upstream-format `Qwen3DSparkModel` draft: the tiny random DFlash drafter plus a random
     Markov head whose bias (std about `strength` logits) moves many drafts off the drafter's
     argmax. draft_ids: a reduced draft vocabulary (ascending target ids; lm_head + d2t from the
     target's LM head). favourites: instead of a random head, one that adds `strength` to
     favourites[0] and strength - 1 to favourites[1] after any token. flat_drafter: the draft gets
     its own all-zero LM head, so every base logit is 0 and the head alone shapes the drafts.
+    confidence_head: also ship upstream's acceptance-confidence head (with the Markov input).
     config_fields go to config.json (logit_scale, dspark_draft_topk, ...)."""
     from training.export import draft_vocab_tensors
 
@@ -160,6 +161,11 @@ def build_tiny_dspark(out_dir, target_dir, *, sample_from_anchor=True, rank=8, s
         lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
         weights.update(draft_vocab_tensors(torch.tensor(sorted(draft_ids)), lm_head))
         config["draft_vocab_size"] = rows
+    if confidence_head:
+        weights["confidence_head.proj.weight"] = torch.randn(1, config["hidden_size"] + rank,
+                                                             generator=generator)
+        weights["confidence_head.proj.bias"] = torch.zeros(1)
+        config.update({"enable_confidence_head": True, "confidence_head_with_markov": True})
     if flat_drafter:
         weights["lm_head.weight"] = torch.zeros(rows, config["hidden_size"])
         config["has_own_lm_head"] = True

@@ -226,3 +226,45 @@ def test_bf16_export_keeps_d2t(tmp_path):
                            draft_vocab=(ids, torch.randn(1024, 32)))
     assert load_file(str(export / "model.safetensors"))["d2t"].dtype == torch.int64
     assert torch.equal(read_draft_vocab(export), ids)
+
+
+def test_config_patches_serve_qwen3_dspark_on_v1_only(monkeypatch):
+    """Patches 6 and 7 of vllm_liliprop/vllm/patching.py on stand-in configs: method 'dspark'
+    becomes 'dflash' for Qwen3DSparkModel (target layers copied into dflash_config), and
+    EAGLEConfig's 'DFlashQwen3DSparkModel' keeps the DSpark name; neither with V2 forced, nor
+    for another architecture."""
+    from types import SimpleNamespace
+
+    from vllm_liliprop.vllm.patching import _wrap_eagle_config_init, _wrap_speculative_post_init
+
+    def spec(method, arch="Qwen3DSparkModel"):
+        hf = SimpleNamespace(target_layer_ids=[1, 3], dflash_config={"mask_token_id": 9})
+        return SimpleNamespace(method=method, draft_model_config=SimpleNamespace(
+            architectures=[arch], hf_config=hf))
+
+    post_init = _wrap_speculative_post_init(lambda self: None)
+    init = _wrap_eagle_config_init(
+        lambda self, model: setattr(self, "architectures", ["DFlash" + a for a in model]))
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    for method in ("dspark", "dflash"):
+        config = spec(method)
+        post_init(config)
+        assert config.method == "dflash"
+        assert config.draft_model_config.hf_config.dflash_config == {"mask_token_id": 9,
+                                                                     "target_layer_ids": [1, 3]}
+    for config in (spec("dspark", "Gemma4DSparkModel"), spec("eagle3")):
+        method = config.method
+        post_init(config)
+        assert config.method == method
+    eagle = SimpleNamespace()
+    init(eagle, ["Qwen3DSparkModel"])
+    assert eagle.architectures == ["Qwen3DSparkModel"]
+    init(eagle, ["Qwen3ForCausalLM"])
+    assert eagle.architectures == ["DFlashQwen3ForCausalLM"]
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    config = spec("dspark")
+    post_init(config)
+    assert config.method == "dspark" and "target_layer_ids" not in config.draft_model_config.hf_config.dflash_config
+    init(eagle, ["Qwen3DSparkModel"])
+    assert eagle.architectures == ["DFlashQwen3DSparkModel"]

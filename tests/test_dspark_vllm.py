@@ -130,13 +130,17 @@ def run(tiny_models, draft, method, recorder, **kwargs):
                          ids=["anchor-dspark", "fill-in-dflash", "anchor-autodetect-top3"])
 def test_greedy_equals_plain_and_drafts_equal_upstream(tiny_models, plain, layout, method):
     anchor = layout == "anchor"
-    draft = build_tiny_dspark(tiny_models["root"] / f"dspark-{layout}-{method}",
-                              tiny_models["target"], sample_from_anchor=anchor)
     topk = 3 if method is None else None
+    # The auto-detected one also ships a confidence head (adaptive verification, V2 only):
+    # upstream's loader reads it, the rule ignores it.
+    draft = build_tiny_dspark(tiny_models["root"] / f"dspark-{layout}-{method}",
+                              tiny_models["target"], sample_from_anchor=anchor,
+                              confidence_head=method is None)
     recorder = Recorder()
     ids, drafter = run(tiny_models, draft, method, recorder,
                        spec={} if topk is None else {"dspark_draft_topk": topk})
     assert drafter.anchor_layout is anchor
+    assert (drafter.model.model.confidence_head is not None) is (method is None)
     assert drafter.draft_rule.name == "dspark" + ("" if topk is None else f"-top{topk}")
     assert ids == plain
     recorder.check_drafts()
