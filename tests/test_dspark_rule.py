@@ -268,3 +268,18 @@ def test_config_patches_serve_qwen3_dspark_on_v1_only(monkeypatch):
     assert config.method == "dspark" and "target_layer_ids" not in config.draft_model_config.hf_config.dflash_config
     init(eagle, ["Qwen3DSparkModel"])
     assert eagle.architectures == ["DFlashQwen3DSparkModel"]
+
+
+def test_config_patches_apply_once():
+    from vllm.config import SpeculativeConfig
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
+
+    from vllm_liliprop.vllm import patching, plugin
+
+    plugin.register()
+    patched = SpeculativeConfig.__dict__["__post_init__"], EAGLEConfig.__dict__["__init__"]
+    patching.apply_patches()
+    assert (SpeculativeConfig.__dict__["__post_init__"], EAGLEConfig.__dict__["__init__"]) == patched
+    for function in patched:
+        original = getattr(function, "__liliprop_original__")
+        assert getattr(original, "__liliprop_original__", None) is None

@@ -240,3 +240,25 @@ def test_sampled_dspark_keeps_the_target_distribution(tiny_models):
     assert drafter.take_last_draft_probs() is not None
     assert 0.1 * counters.num_drafts < counters.num_accepted_tokens < counters.num_draft_tokens
     assert chi_square_p(spec, plain_samples) > 1e-3
+
+
+def test_dspark_in_default_multiprocess_mode(tiny_models, plain):
+    """Spawned engine-core process: the method rewrite happens where the config is built, the
+    proposer is patched in the engine's own process; greedy output still equals plain."""
+    from tests.engine import run_in_subprocess
+
+    draft = build_tiny_dspark(tiny_models["root"] / "dspark-multiprocess", tiny_models["target"])
+    code = """
+import json, os
+from vllm import LLM, SamplingParams
+from tests.engine import ENGINE_FLAGS, PROMPTS
+llm = LLM(model=os.environ["TARGET"], speculative_config={"method": "dspark",
+          "model": os.environ["DRAFT"], "num_speculative_tokens": 7}, **ENGINE_FLAGS)
+out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+print("RESULT=" + json.dumps({"ids": [list(o.outputs[0].token_ids) for o in out],
+      "method": llm.llm_engine.vllm_config.speculative_config.method}))
+"""
+    result = run_in_subprocess(code, {"TARGET": tiny_models["target"], "DRAFT": str(draft),
+                                      "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert result["method"] == "dflash"
+    assert result["ids"] == plain
