@@ -40,7 +40,8 @@ def load_markov_head(resources) -> MarkovBiasHead:
         )
     check_loaded_weights(
         {MARKOV_PREFIX + name: value for name, value in tensors.items()}, _where(resources),
-        "the Markov head diverged in training or the file is damaged: retrain or re-export the draft",
+        "the Markov head diverged in training or the file is damaged: retrain or re-export "
+        "the draft",
     )
     config = resources.draft_hf_config or {}
     scale = config.get("logit_scale")
@@ -51,12 +52,14 @@ def load_markov_head(resources) -> MarkovBiasHead:
         )
     except ValueError as exc:
         raise OptionError(f"rule 'dspark': {_where(resources)}: {exc}") from None
-    rows = resources.vocab_size if resources.draft_vocab_ids is None else int(resources.draft_vocab_ids.numel())
+    ids = resources.draft_vocab_ids
+    rows = resources.vocab_size if ids is None else int(ids.numel())
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     if w1.shape[0] != resources.vocab_size or w2.shape[0] != rows:
         raise OptionError(
-            f"rule 'dspark': {_where(resources)}: {MARKOV_PREFIX}markov_w1.weight {tuple(w1.shape)} "
-            f"and markov_w2.weight {tuple(w2.shape)} need {resources.vocab_size} rows (vocab_size) "
+            f"rule 'dspark': {_where(resources)}: {MARKOV_PREFIX}markov_w1.weight "
+            f"{tuple(w1.shape)} and markov_w2.weight {tuple(w2.shape)} need "
+            f"{resources.vocab_size} rows (vocab_size) "
             f"and {rows} rows (the draft vocabulary: draft_vocab_size, d2t with increasing "
             "target ids); the head was trained for another vocabulary."
         )
@@ -80,7 +83,8 @@ class DSparkRule:
                  sampling: str = "deterministic", vocab_ids: torch.Tensor | None = None):
         self.head = head
         self.vocab_size = vocab_size
-        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(head.markov_w1.weight.device).long()
+        device = head.markov_w1.weight.device
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device).long()
         rows = head.markov_w2.weight.shape[0]
         self.topk = None if topk is None else min(int(topk), rows)
         self.sampling = sampling
@@ -112,7 +116,8 @@ class DSparkRule:
                                        self.vocab_ids, self.candidate_mask(base))
         fallback = base.argmax(dim=-1)
         if self.vocab_ids is not None:
-            ids, fallback, probs = self.vocab_ids[ids], self.vocab_ids[fallback], self._to_target(probs)
+            ids, fallback = self.vocab_ids[ids], self.vocab_ids[fallback]
+            probs = self._to_target(probs)
         return DraftOutput(ids, probs, faulty, fallback)
 
     def _to_target(self, probs: torch.Tensor | None) -> torch.Tensor | None:
