@@ -93,3 +93,21 @@ class ArgmaxRule:
         ids = logits.argmax(-1)
         faulty = non_finite_rows(logits, chosen=logits.gather(-1, ids.unsqueeze(-1)))
         return DraftOutput(ids, faulty_rows=faulty, fallback_ids=ids)
+
+
+def scored_logits(inputs: DraftInputs, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The drafter's logits a rule scores: over its reduced draft vocabulary when it has one
+    (`vocab_ids`, ascending target ids), else over the full vocabulary; [B, S, n] fp32."""
+    return inputs.long_logits() if vocab_ids is None else inputs.draft_logits()
+
+
+def to_target_ids(output: DraftOutput, vocab_ids: torch.Tensor | None, vocab_size: int) -> DraftOutput:
+    """A rule's output over a reduced draft vocabulary in target ids: drafts and fallback ids
+    mapped through `vocab_ids`, distributions [B, S, n] spread to [B, S, V] (zero outside it)."""
+    if vocab_ids is None:
+        return output
+    probs = output.probs
+    if probs is not None:
+        probs = probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, vocab_ids, probs)
+    fallback = None if output.fallback_ids is None else vocab_ids[output.fallback_ids]
+    return DraftOutput(vocab_ids[output.token_ids], probs, output.faulty_rows, fallback)

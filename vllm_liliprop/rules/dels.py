@@ -8,7 +8,7 @@ from vllm_liliprop.heads.dels import SubVocabShortHead
 from vllm_liliprop.heads.dels_io import load_dels_head
 from vllm_liliprop.heads.dels_rules import dels_draft, dels_draft_sampled
 from vllm_liliprop.options import LiliPropOptions, OptionError
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, scored_logits, to_target_ids
 from vllm_liliprop.rules.lattice import sampling_temperature
 
 
@@ -87,7 +87,7 @@ class DelsRule:
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        long_logits = inputs.long_logits() if self.vocab_ids is None else inputs.draft_logits()
+        long_logits = scored_logits(inputs, self.vocab_ids)
         s = long_logits.shape[1]
         alpha, beta = self.alpha[:s], self.beta[:s]
         temperature = sampling_temperature(inputs, self.sampling)
@@ -105,14 +105,5 @@ class DelsRule:
                 vocab_ids=self.vocab_ids,
             )
         # The long logits are at hand: their argmax saves the fallback a second projection.
-        fallback = long_logits.argmax(dim=-1)
-        if self.vocab_ids is not None:
-            ids, fallback, probs = self.vocab_ids[ids], self.vocab_ids[fallback], self._to_target(probs)
-        return DraftOutput(ids, probs, faulty, fallback)
-
-    def _to_target(self, probs: torch.Tensor | None) -> torch.Tensor | None:
-        """[B, S, n] over the draft vocabulary -> [B, S, V] (zero outside it)."""
-        if probs is None:
-            return None
-        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
-        return full.index_copy_(-1, self.vocab_ids, probs)
+        output = DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1))
+        return to_target_ids(output, self.vocab_ids, self.vocab_size)

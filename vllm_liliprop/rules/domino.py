@@ -9,10 +9,8 @@ import torch
 from torch import nn
 
 from vllm_liliprop.heads.domino import DominoHead, load_domino_head
-from vllm_liliprop.heads.sequential import argmax_pick, sampled_pick, sequential_draft
 from vllm_liliprop.options import LiliPropOptions, OptionError
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.rules.lattice import sampling_temperature
+from vllm_liliprop.rules.sequential import SequentialHeadRule
 
 
 def domino_folder(options: LiliPropOptions, resources) -> Path:
@@ -68,46 +66,15 @@ def scoring(head: DominoHead, ids: torch.Tensor) -> DominoHead:
     return head
 
 
-class DominoRule:
-    """Domino over the drafter's vocabulary. With `vocab_ids` (a draft with a reduced vocabulary,
-    ascending target ids) the drafter's logits and the head's residual cover those ids only,
-    and drafts and distributions are mapped back to target ids."""
-
-    needs_anchor_hidden = False
-
+class DominoRule(SequentialHeadRule):
     def __init__(self, head: DominoHead, vocab_size: int, sampling: str = "deterministic",
                  vocab_ids: torch.Tensor | None = None):
-        self.vocab_size = vocab_size
         device = head.vocab_ids.device
-        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device).long()
-        scored = torch.arange(vocab_size, device=device) if self.vocab_ids is None else self.vocab_ids
-        self.head = scoring(head, scored).eval()
-        self.sampling = sampling
-        self.name = "domino" + ("-sampled" if sampling == "probabilistic" else "")
+        vocab_ids = None if vocab_ids is None else vocab_ids.to(device).long()
+        scored = torch.arange(vocab_size, device=device) if vocab_ids is None else vocab_ids
+        super().__init__("domino", scoring(head, scored).eval(), vocab_size, sampling, vocab_ids)
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DominoRule":
         return cls(load_domino(options, resources), resources.vocab_size, options.sampling,
                    resources.draft_vocab_ids)
-
-    @torch.inference_mode()
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
-        base = inputs.long_logits() if self.vocab_ids is None else inputs.draft_logits()
-        temperature = sampling_temperature(inputs, self.sampling)
-        probs, pick = None, argmax_pick
-        if temperature is not None:
-            probs = torch.empty_like(base)
-            pick = sampled_pick(temperature, probs)
-        ids, faulty = sequential_draft(base, inputs.anchor_ids, inputs.hidden, self.head, pick,
-                                       self.vocab_ids)
-        fallback = base.argmax(dim=-1)
-        if self.vocab_ids is not None:
-            ids, fallback, probs = self.vocab_ids[ids], self.vocab_ids[fallback], self._to_target(probs)
-        return DraftOutput(ids, probs, faulty, fallback)
-
-    def _to_target(self, probs: torch.Tensor | None) -> torch.Tensor | None:
-        """[B, S, n] over the draft vocabulary -> [B, S, V] (zero outside it)."""
-        if probs is None:
-            return None
-        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
-        return full.index_copy_(-1, self.vocab_ids, probs)

@@ -16,10 +16,8 @@ import torch
 
 from vllm_liliprop.faults import check_loaded_weights
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
-from vllm_liliprop.heads.sequential import argmax_pick, sampled_pick, sequential_draft
 from vllm_liliprop.options import LiliPropOptions, OptionError
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput
-from vllm_liliprop.rules.lattice import sampling_temperature
+from vllm_liliprop.rules.sequential import SequentialHeadRule
 
 
 def _where(resources) -> str:
@@ -76,20 +74,14 @@ def read_topk(resources) -> int | None:
     return topk
 
 
-class DSparkRule:
-    needs_anchor_hidden = False
-
+class DSparkRule(SequentialHeadRule):
     def __init__(self, head: MarkovBiasHead, vocab_size: int, topk: int | None = None,
                  sampling: str = "deterministic", vocab_ids: torch.Tensor | None = None):
-        self.head = head
-        self.vocab_size = vocab_size
         device = head.markov_w1.weight.device
-        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device).long()
         rows = head.markov_w2.weight.shape[0]
         self.topk = None if topk is None else min(int(topk), rows)
-        self.sampling = sampling
-        self.name = ("dspark" + ("" if topk is None else f"-top{self.topk}")
-                     + ("-sampled" if sampling == "probabilistic" else ""))
+        super().__init__("dspark" + ("" if topk is None else f"-top{self.topk}"), head, vocab_size,
+                         sampling, None if vocab_ids is None else vocab_ids.to(device).long())
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DSparkRule":
@@ -102,27 +94,3 @@ class DSparkRule:
             return None
         index = base.topk(self.topk, dim=-1).indices
         return torch.zeros_like(base, dtype=torch.bool).scatter_(-1, index, True)
-
-    @torch.inference_mode()
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
-        base = inputs.long_logits() if self.vocab_ids is None else inputs.draft_logits()
-        temperature = sampling_temperature(inputs, self.sampling)
-        probs = None
-        pick = argmax_pick
-        if temperature is not None:
-            probs = base.new_zeros(base.shape)
-            pick = sampled_pick(temperature, probs)
-        ids, faulty = sequential_draft(base, inputs.anchor_ids, inputs.hidden, self.head, pick,
-                                       self.vocab_ids, self.candidate_mask(base))
-        fallback = base.argmax(dim=-1)
-        if self.vocab_ids is not None:
-            ids, fallback = self.vocab_ids[ids], self.vocab_ids[fallback]
-            probs = self._to_target(probs)
-        return DraftOutput(ids, probs, faulty, fallback)
-
-    def _to_target(self, probs: torch.Tensor | None) -> torch.Tensor | None:
-        """[B, S, n] over the draft vocabulary -> [B, S, V] (zero outside it)."""
-        if probs is None:
-            return None
-        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
-        return full.index_copy_(-1, self.vocab_ids, probs)
