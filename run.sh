@@ -10,7 +10,7 @@ bash scripts/setup.sh
 source scripts/env.sh
 out=${LILIPROP_OUT:-results/smollm2}
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS
+systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/drafts" \
@@ -20,7 +20,7 @@ run() {
 # Timed in bf16, the target's own dtype: the CPU verification pass of a block costs least there.
 echo "[main job] 1/2: speed, bf16 (tables below)"
 run --engine-flags '{"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": true}' \
-    --stages DFlash,LiLiCorr-greedy,DeLS-GRU --stage-benchmarks mtbench \
+    --stages DFlash,LiLiCorr-greedy,DeLS-GRU,Domino,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token
 # decode step, so outputs can part at near-ties for any drafter (eval/README.md).
