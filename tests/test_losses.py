@@ -134,6 +134,26 @@ def test_dflash_ce_decay_weighted_mean():
     assert loss.item() == pytest.approx((math.log(4.0) + w1 * math.log(2.0)) / (1 + w1), rel=1e-6)
 
 
+def test_dflash_normalize_blocks_is_eq6_as_written():
+    """"blocks": each block's unnormalised sum of w_s CE_s, averaged over the blocks that
+    supervise a slot (a block with none counts for nothing); "weight": the weighted slot mean."""
+    logits = torch.zeros(3, 3, 4)
+    logits[0, 1, 0] = math.log(3.0)
+    targets = torch.tensor([[2, 0, 3], [1, 1, 1], [0, 0, 0]])
+    mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
+    w1 = math.exp(-0.5)
+    block_sums = [math.log(4.0) + w1 * math.log(2.0), math.log(4.0)]
+    terms = total_loss(draft_logits=logits, targets=targets, slot_mask=mask,
+                       weights=LossWeights(dflash_decay=2.0, dflash_normalize="blocks"))
+    assert terms["dflash"].item() == pytest.approx(sum(block_sums) / 2, rel=1e-6)
+    assert terms["dflash_weight"].item() == 2
+    mean = total_loss(draft_logits=logits, targets=targets, slot_mask=mask,
+                      weights=LossWeights(dflash_decay=2.0))
+    assert mean["dflash"].item() == pytest.approx(sum(block_sums) / (2 + w1), rel=1e-6)
+    with pytest.raises(ValueError, match="dflash_normalize"):
+        LossWeights(dflash_normalize="slots")
+
+
 def test_total_loss_combines_terms_as_eq7_and_margin_variant():
     start, pairs = lattice_scores()
     targets = torch.tensor([[6, 8, 11]])

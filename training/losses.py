@@ -48,6 +48,12 @@ class LossWeights:
                      teacher-forced target distribution instead of the CE on the target's token
                      (0.0 = the paper's Eq. 6; an extension for data-poor training, see
                      training/README.md)
+    dflash_normalize how the DFlash term is averaged: "weight" (default) divides the batch's sum
+                     of w_s CE_s by the sum of w_s over supervised slots, a weighted slot mean
+                     whose scale does not depend on how many slots a block supervises; "blocks"
+                     is Eq. 6 as written, each block's unnormalised sum of w_s CE_s, averaged
+                     over blocks with a supervised slot (about sum_s w_s = 6.6 times larger for
+                     block 16, so it weighs that much more against the reranker terms of Eq. 7)
     """
 
     dflash_decay: float = 7.0
@@ -56,8 +62,12 @@ class LossWeights:
     margin_blend: float = 0.0
     margin: float = 2.0
     distill: float = 0.0
+    dflash_normalize: str = "weight"
 
     def __post_init__(self) -> None:
+        if self.dflash_normalize not in ("weight", "blocks"):
+            raise ValueError(f"dflash_normalize must be 'weight' or 'blocks' (Eq. 6 as written), got "
+                             f"{self.dflash_normalize!r}")
         if not self.dflash_decay > 0:
             raise ValueError(f"dflash_decay must be > 0 (got {self.dflash_decay}); use 7.0 for block 16")
         for name in ("reranker_weight", "distractor", "margin"):
@@ -73,7 +83,7 @@ class LossWeights:
         """The "LiLiCorr + margin" setting of Appendix G: mu = 0.5, rho = 2.0."""
         return cls(**{"margin_blend": 0.5, "margin": 2.0, **overrides})
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | str]:
         return asdict(self)
 
 
@@ -301,16 +311,19 @@ def total_loss(
     target_logq [B, S, K] are required. teacher_logits [B, S, V] (the teacher-forced target's
     logits for the same slots) are required when weights.distill > 0. Returns float32 tensors: "loss" (differentiable),
     the unweighted terms "dflash", "ce", "distractor", "margin", and the denominators
-    "dflash_weight" (decay-weight mass) and "oracle_slots" (|S| of Eq. 3).
+    "dflash_weight" (the DFlash term's denominator: the decay-weight mass, or the number of
+    supervised blocks with dflash_normalize "blocks") and "oracle_slots" (|S| of Eq. 3).
     """
     targets = torch.where(slot_mask, targets, torch.full_like(targets, -1))
     if weights.distill > 0 and teacher_logits is None:
         raise ValueError("teacher_logits are required when weights.distill > 0")
-    dflash_sum, dflash_weight = _dflash_ce_sum(draft_logits, targets, weights.dflash_decay, slot_mask,
-                                               teacher_logits, weights.distill)
+    dflash_sum, denominator = _dflash_ce_sum(draft_logits, targets, weights.dflash_decay, slot_mask,
+                                             teacher_logits, weights.distill)
+    if weights.dflash_normalize == "blocks":
+        denominator = slot_mask.any(dim=-1).sum().float()
     terms = {
-        "dflash": dflash_sum / dflash_weight.clamp(min=torch.finfo(torch.float32).tiny),
-        "dflash_weight": dflash_weight.detach(),
+        "dflash": dflash_sum / denominator.clamp(min=torch.finfo(torch.float32).tiny),
+        "dflash_weight": denominator.detach(),
     }
     if start is not None:
         if candidate_ids is None or pairs is None:
