@@ -53,7 +53,7 @@ class LossWeights:
                      whose scale does not depend on how many slots a block supervises; "blocks"
                      is Eq. 6 as written, each block's unnormalised sum of w_s CE_s, averaged
                      over blocks with a supervised slot (about sum_s w_s = 6.6 times larger for
-                     block 16, so it weighs that much more against the reranker terms of Eq. 7)
+                     block 16 with decay 7, so it weighs that much more against the reranker terms of Eq. 7)
     """
 
     dflash_decay: float = 7.0
