@@ -118,6 +118,7 @@ def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None =
     table.notes = fixed.notes + _setting_note(fixed.rows, labels) + table.notes
     if "benchmark" in labels:
         add_average_rows(table, labels.index("benchmark"))
+        add_pooled_rows(table, fixed.rows, value, labels, labels.index("benchmark"))
     return table
 
 
@@ -215,6 +216,60 @@ def add_average_rows(table: Table, benchmark_index: int) -> None:
         out.append(TableRow(labels, means, rule_above=True))
     table.rows = out
     table.notes.append("Average: unweighted mean over the benchmarks above it; a dash where a system lacks one.")
+
+
+POOLED = "All prompts (pooled)"
+
+
+def pooled_value(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None) -> float:
+    """`value` over every prompt of `rows` at once, as the papers aggregate: tau = 1 + all
+    accepted drafts / all drafts (block-weighted), tokens/s = all output tokens / all wall time,
+    speedup = that over the baseline's pooled tokens/s on the same rows; NaN for other metrics."""
+    if value == "tau" and not rows.empty:
+        drafts = rows["num_drafts"].sum()
+        if drafts > 0:
+            return 1.0 + rows["num_accepted_tokens"].sum() / drafts
+        return 1.0 if bool((rows["tau"] == 1.0).all()) else math.nan  # AR; else no counters
+    if value in ("tokens_per_s", "speedup") and rows["wall_s"].sum() > 0:
+        rate = rows["output_tokens"].sum() / rows["wall_s"].sum()
+        if value == "tokens_per_s":
+            return float(rate)
+        if baseline is not None and baseline["wall_s"].sum() > 0:
+            return float(rate / (baseline["output_tokens"].sum() / baseline["wall_s"].sum()))
+    return math.nan
+
+
+def add_pooled_rows(table: Table, rows: pd.DataFrame, value: str, labels: list[str],
+                    benchmark_index: int) -> None:
+    """After each group's Average, a row pooling every prompt of its benchmarks (pooled_value):
+    a benchmark with more prompts or longer blocks weighs more, as in the papers' tau. Only for
+    tau, tokens/s and speedup, and only where every system has the same benchmarks."""
+    needed = {"num_drafts", "num_accepted_tokens", "output_tokens", "wall_s"}
+    if value not in ("tau", "tokens_per_s", "speedup") or not needed <= set(rows.columns):
+        return
+    other_labels = [c for i, c in enumerate(labels) if i != benchmark_index]
+    out, added = [], False
+    for row in table.rows:
+        out.append(row)
+        if row.labels[benchmark_index] != "Average":
+            continue
+        other = [v for i, v in enumerate(row.labels) if i != benchmark_index]
+        group = rows
+        for column, shown in zip(other_labels, other):
+            group = group[[format_label(column, v) == shown for v in group[column]]]
+        baseline = group[group["system"] == "AR"] if (group["system"] == "AR").any() else None
+        values = [pooled_value(group[group["system"] == s], value, baseline)
+                  if not math.isnan(avg) else math.nan
+                  for s, avg in zip(table.value_header, row.values)]
+        pooled_labels = list(other)
+        pooled_labels.insert(benchmark_index, POOLED)
+        out.append(TableRow(pooled_labels, values))
+        added = True
+    table.rows = out
+    if added:
+        table.notes.append(f"{POOLED}: every prompt of the benchmarks above at once (tau = 1 + "
+                           "accepted / drafts, block-weighted as in the papers; tokens/s = tokens / "
+                           "wall time; speedup = that over AR's).")
 
 
 def render_markdown(table: Table) -> str:

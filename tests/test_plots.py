@@ -54,9 +54,13 @@ def _accept(tau: float, k: int = 6) -> str:
 def _run(target, system, benchmark, category, temperature, seed, tau, speedup, concurrency=1, input_len=0,
          alpha=math.nan, beta=math.nan) -> dict:
     tps_ar = (100.0 if target == Q8 else 150.0) * concurrency ** 0.8
+    # Counters and wall time that the per-row tau and tokens/s come from (pooled rows read them).
+    drafts = 0 if system == "AR" else 100
+    counters = dict(num_drafts=drafts, num_accepted_tokens=round((tau - 1.0) * drafts),
+                    wall_s=1024 / (tps_ar * speedup))
     return _row(kind="run", system=system, benchmark=benchmark, category=category, temperature=temperature,
                 concurrency=concurrency, input_len=input_len, seed=seed, dels_alpha=alpha, dels_beta=beta,
-                tau=tau, speedup=speedup, tokens_per_s=tps_ar * speedup, target=target,
+                tau=tau, speedup=speedup, tokens_per_s=tps_ar * speedup, target=target, **counters,
                 accept_per_pos="[]" if system == "AR" else _accept(tau),
                 draft="" if system == "AR" else "/ckpt/" + system)
 
@@ -355,7 +359,8 @@ def test_markdown_table_bolds_the_best_per_row(results):
     assert header[:3] == ["Target", "Benchmark", "T"]
     assert header[3:] == ["AR", "DFlash", "LiLiCorr-greedy", "LiLiCorr-viterbi", "DeLS"]
     body = table[2:]
-    assert len(body) == (4 + 1) + 3 * (3 + 1)  # (benchmarks + Average) per target and T; throughput only 8B, T=0
+    # (benchmarks + Average + pooled) per target and T; throughput only 8B, T=0
+    assert len(body) == (4 + 2) + 3 * (3 + 2)
     for cells in body:
         values = cells[3:]
         bold = [i for i, v in enumerate(values) if v.startswith("**")]
@@ -368,6 +373,13 @@ def test_markdown_table_bolds_the_best_per_row(results):
     average_8b = next(c for c in body if c[:3] == ["Qwen3-8B", "Average", "0"])
     assert average_8b[3 + 4] == "—" and average_8b[3 + 2].startswith("**")
     assert "Average: unweighted mean" in text
+    # The pooled row weighs every prompt's blocks: 1 + all accepted / all drafts, here the mean of
+    # the benchmarks' taus because every cell drafted 100 blocks.
+    pooled_4b = next(c for c in body if c[:3] == ["Qwen3-4B", "All prompts (pooled)", "0"])
+    cells = rows[(rows.target == Q4) & (rows.temperature == 0) & (rows.system == "DFlash")]
+    expected = 1 + cells.num_accepted_tokens.sum() / cells.num_drafts.sum()
+    assert float(pooled_4b[3 + 1].strip("*")) == pytest.approx(expected, abs=0.006)
+    assert pooled_4b[3] == "1.00" and "block-weighted" in text
     # The throughput benchmark's input length is a property of the benchmark, named in a note.
     assert "speed-throughput_1k (input 1024)" in text and "gsm8k (natural input)" in text
 
