@@ -22,7 +22,6 @@ import pandas as pd
 
 from eval.schema import ALL_COLUMNS, KEY_COLUMNS
 
-TEXT_KEYS = ("kind", "system", "benchmark", "category", "stage")
 FLOAT_KEYS = ("temperature", "dels_alpha", "dels_beta")
 INT_KEYS = ("concurrency", "input_len", "seed")
 SUFFIXES = (".csv", ".parquet")

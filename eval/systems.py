@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_liliprop.heads.dels_io import DEFAULT_FUSION_WEIGHT
 from vllm_liliprop.options import ENV_VAR, OptionError, env_options
 
 BASELINE = "AR"
@@ -103,7 +104,7 @@ class System:
         for key, head_key in (("dels_alpha", "alpha"), ("dels_beta", "beta")):
             value = options.get(key)
             if value is None:
-                value = head.get(head_key, 0.3)  # the head's default, 0.3 when it names none
+                value = head.get(head_key, DEFAULT_FUSION_WEIGHT)  # the head's, else the default
             out.append(float(value) if isinstance(value, (int, float)) else math.nan)
         return out[0], out[1]
 

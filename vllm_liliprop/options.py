@@ -24,13 +24,10 @@ ENV_VAR = "VLLM_LILIPROP_OPTIONS"
 CONFIG_BLOCK = "liliprop"
 LILICORR_ARCH = "LiLiCorrDraftModel"
 DSPARK_ARCH = "Qwen3DSparkModel"
-DFLASH_ARCH = "DFlashDraftModel"
 
 RULES = ("argmax", "lattice", "dels", "lattice+dels", "dspark", "domino")
 WALKS = ("greedy", "viterbi")
 SAMPLINGS = ("deterministic", "probabilistic")
-DEFAULT_DELS_ALPHA = 0.3
-DEFAULT_DELS_BETA = 0.3
 
 
 class OptionError(ValueError):
@@ -48,7 +45,7 @@ class LiliPropOptions:
     dels_path: str = "dels"
     # Domino head folder (heads/domino.py), relative to the draft directory unless absolute.
     domino_path: str = "domino"
-    # None: take the DeLS head's own defaults (0.3 / 0.3 unless its config says otherwise).
+    # None: take the DeLS head's own (its config's, else heads.dels_io.DEFAULT_FUSION_WEIGHT).
     dels_alpha: float | tuple[float, ...] | None = None
     dels_beta: float | tuple[float, ...] | None = None
     # Where each value came from, for the startup log line.
@@ -146,16 +143,6 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
             '\'{"rule": "lattice", "walk": "viterbi"}\'.'
         ) from None
     return _validate_block(ENV_VAR, block)
-
-
-def is_served_by_liliprop(
-    architectures: list[str] | None, dflash_config: dict | None, environ=None
-) -> bool:
-    return (
-        LILICORR_ARCH in (architectures or [])
-        or CONFIG_BLOCK in (dflash_config or {})
-        or env_options(environ) is not None
-    )
 
 
 def check_lilicorr_fields(dflash_config: dict) -> None:

@@ -75,6 +75,10 @@ def _check_weight(value, name: str):
     return [float(v) for v in numbers] if isinstance(value, (list, tuple)) else float(value)
 
 
+# The fusion weights alpha and beta when a head's config names none (the DeLS-Spec paper's 0.3).
+DEFAULT_FUSION_WEIGHT = 0.3
+
+
 @dataclasses.dataclass
 class DelsConfig:
     """config.json of a DeLS head folder; fields documented in the module docstring."""
@@ -89,8 +93,8 @@ class DelsConfig:
     pure_draft_prefix_len: int = 0
     prior_smoothing: float | None = 1.0
     tokenizer_fingerprint: str | None = None
-    alpha: float | list[float] = 0.3
-    beta: float | list[float] = 0.3
+    alpha: float | list[float] = DEFAULT_FUSION_WEIGHT
+    beta: float | list[float] = DEFAULT_FUSION_WEIGHT
     liliprop_dels_format: int = DELS_FORMAT_VERSION
 
     def __post_init__(self):
@@ -362,7 +366,8 @@ def import_dels_spec_checkpoint(checkpoint_path: str | Path, prior_path: str | P
                                 target_embedding_weight: torch.Tensor | None, *,
                                 target_lm_head_weight: torch.Tensor | None = None,
                                 smoothing: float = 1.0, tokenizer_fingerprint: str | None = None,
-                                alpha: float | list[float] = 0.3, beta: float | list[float] = 0.3
+                                alpha: float | list[float] = DEFAULT_FUSION_WEIGHT,
+                                beta: float | list[float] = DEFAULT_FUSION_WEIGHT
                                 ) -> tuple[GRUShortHead | MarkovShortHead, UnigramPrior, DelsConfig]:
     """Read a head released in the public DeLS-Spec layout (github dt-3t/DeLS-Spec).
 
