@@ -5,7 +5,7 @@ device. Meta tensors have shapes but no data, so anything that needs a value on 
 (`.item()`, `bool(t)`, `.tolist()`, `nonzero`, boolean-mask indexing, data-dependent shapes)
 raises, while static-shape device work runs. The torch paths checked here are also what the
 runtime runs on CUDA wherever a kernel does not apply; the Triton kernels have their own
-sync checks in `python -m vllm_liliprop.kernels.device_check`.
+sync checks in `python -m tools.kernels.device_check`.
 """
 
 import pytest

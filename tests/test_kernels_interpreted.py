@@ -3,7 +3,7 @@
 tests/kernels needs TRITON_INTERPRET=1 before triton is imported, so it runs here in a
 subprocess. The other tests check the CPU side of vllm_liliprop.kernels (the dispatchers never
 import triton, the benchmark runs without a GPU) and, where a CUDA device exists, run the real
-kernels through vllm_liliprop.kernels.device_check.
+kernels through tools.kernels.device_check.
 """
 
 import importlib.util
@@ -104,13 +104,13 @@ def test_cpu_dispatch_never_imports_triton():
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_triton_kernels_on_cuda_match_references_and_capture_in_graphs():
-    result = _run(["-m", "vllm_liliprop.kernels.device_check"], timeout=600)
+    result = _run(["-m", "tools.kernels.device_check"], timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     assert "all checks passed" in result.stdout
 
 
 def test_bench_quick_runs_the_torch_paths_on_cpu():
-    result = _run(["-m", "vllm_liliprop.kernels.bench", "--quick"], timeout=300)
+    result = _run(["-m", "tools.kernels.bench", "--quick"], timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     if "cuda" not in output.split("device=")[1].split()[0]:

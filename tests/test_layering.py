@@ -84,7 +84,7 @@ def test_plots_columns_are_columns_eval_writes():
 
 
 @pytest.mark.parametrize("module", ["vllm_liliprop.heads.lattice", "vllm_liliprop.walks",
-                                    "vllm_liliprop.rules.lattice_dels", "vllm_liliprop.kernels.bench"])
+                                    "vllm_liliprop.rules.lattice_dels", "tools.kernels.bench"])
 def test_runtime_modules_import_without_vllm_at_run_time(module):
     """The source check above, confirmed by importing in a clean interpreter."""
     import subprocess

@@ -22,7 +22,7 @@ def test_all_kernels_compile_for_sm90(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from an earlier run's cache
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_liliprop.kernels.cross_compile", "--arch", "90"],
+        [sys.executable, "-m", "tools.kernels.cross_compile", "--arch", "90"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr

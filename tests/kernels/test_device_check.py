@@ -1,4 +1,4 @@
-"""The GPU check script (python -m vllm_liliprop.kernels.device_check) runs clean here too.
+"""The GPU check script (python -m tools.kernels.device_check) runs clean here too.
 
 On CPU under the interpreter it exercises its comparison logic at small shapes, so the script
 is known to work before a GPU session spends device time on it.
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from vllm_liliprop.kernels import device_check  # noqa: E402
+from tools.kernels import device_check  # noqa: E402
 
 
 @pytest.mark.slow

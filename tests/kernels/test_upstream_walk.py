@@ -15,7 +15,8 @@ pytest.importorskip("vllm")
 import triton.runtime.interpreter as interpreter  # noqa: E402
 
 from vllm_liliprop import walks  # noqa: E402
-from vllm_liliprop.kernels import triton_walks, upstream_walk  # noqa: E402
+from tools.kernels import upstream_walk
+from vllm_liliprop.kernels import triton_walks  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_export_names_its_source_and_loading_does_not_import_vllm(tmp_path):
     out = upstream_walk.export(tmp_path / "walk")
     source = (out / "SOURCE.txt").read_text()
     assert "0.32" in source and upstream_walk.KERNEL_NAME in source
-    code = (f"import sys; from pathlib import Path; from vllm_liliprop.kernels import upstream_walk; "
+    code = (f"import sys; from pathlib import Path; from tools.kernels import upstream_walk; "
             f"upstream_walk.load_kernel(Path({str(out)!r})); assert 'vllm' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

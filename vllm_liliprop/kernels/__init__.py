@@ -29,11 +29,11 @@ Shared numerical contract of the kernels (each module's docstring has the detail
   - no host synchronization: launch parameters depend only on shapes and the SM count, outputs
     are allocated on the device, nothing is read back, so calls are CUDA-graph capturable;
   - an empty batch returns empty outputs without launching a kernel.
-Tools: `python -m vllm_liliprop.kernels.bench` (Triton vs torch eager vs torch.compile, and vLLM's
-selector walk), `python -m vllm_liliprop.kernels.device_check` (GPU correctness, sync-free and
-CUDA-graph capture checks), `python -m vllm_liliprop.kernels.cross_compile` (sm_90 build without
+Tools (in the checkout, not the wheel): `python -m tools.kernels.bench` (Triton vs torch eager vs torch.compile, and vLLM's
+selector walk), `python -m tools.kernels.device_check` (GPU correctness, sync-free and
+CUDA-graph capture checks), `python -m tools.kernels.cross_compile` (sm_90 build without
 a GPU). Tests: tests/kernels (interpreted), run from tests/test_kernels_interpreted.py.
-On a GPU machine without vLLM: `python -m vllm_liliprop.kernels.upstream_walk export DIR` here,
+On a GPU machine without vLLM: `python -m tools.kernels.upstream_walk export DIR` here,
 carry DIR there, and pass `--upstream-walk DIR` to the bench.
 
 Layouts a kernel does not implement (dels_fuse's [.., S, V] per-slot schedules, broadcast short

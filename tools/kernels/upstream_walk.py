@@ -6,8 +6,8 @@ kernel lives in a module that imports half of vLLM's GPU runner, and the GPU mac
 benchmark runs on have no vLLM, so the two Triton functions it needs are copied out of the
 installed vLLM at run time (never vendored into this repository):
 
-    python -m vllm_liliprop.kernels.upstream_walk export DIR   # where vLLM is installed
-    python -m vllm_liliprop.kernels.bench --upstream-walk DIR  # anywhere with triton
+    python -m tools.kernels.upstream_walk export DIR   # where vLLM is installed
+    python -m tools.kernels.bench --upstream-walk DIR  # anywhere with triton
 
 `export` writes DIR/_upstream_gumbel.py (vLLM's gumbel.py with its one vLLM import replaced by
 plain triton imports) and DIR/_upstream_selector_walk.py (the kernel's source, cut out with
@@ -98,7 +98,7 @@ def load_kernel(source_dir: Path):
         if not (source_dir / f"{name}.py").exists():
             raise FileNotFoundError(
                 f"{source_dir / name}.py is missing; run `python -m "
-                f"vllm_liliprop.kernels.upstream_walk export {source_dir}` where vLLM is installed"
+                f"tools.kernels.upstream_walk export {source_dir}` where vLLM is installed"
             )
     _import_file(GUMBEL_MODULE, source_dir / f"{GUMBEL_MODULE}.py")
     return getattr(_import_file(WALK_MODULE, source_dir / f"{WALK_MODULE}.py"), KERNEL_NAME)

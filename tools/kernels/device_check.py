@@ -1,7 +1,7 @@
 """One-shot correctness check of the Triton kernels on a real device.
 
-    python -m vllm_liliprop.kernels.device_check            # CUDA: serving shapes + CUDA graphs
-    TRITON_INTERPRET=1 python -m vllm_liliprop.kernels.device_check --quick   # CPU, interpreted
+    python -m tools.kernels.device_check            # CUDA: serving shapes + CUDA graphs
+    TRITON_INTERPRET=1 python -m tools.kernels.device_check --quick   # CPU, interpreted
 
 For each kernel and batch it compares the Triton result with the torch reference run on the
 same device and inputs (ids/paths exactly, scores to 2e-5). On CUDA it also

@@ -1,6 +1,6 @@
 """Compile every Triton kernel of this package to a CUDA binary without a GPU.
 
-    python -m vllm_liliprop.kernels.cross_compile [--arch 90 80]
+    python -m tools.kernels.cross_compile [--arch 90 80]
 
 Triton ships ptxas, so the whole pipeline (Triton IR -> LLVM -> PTX -> cubin) runs on a CPU
 machine. This catches what the interpreter cannot: constructs that lower differently (or not at

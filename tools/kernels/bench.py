@@ -1,7 +1,7 @@
 """Time the Triton kernels against torch eager and torch.compile of their references.
 
-    python -m vllm_liliprop.kernels.bench            # CUDA: B in 1 8 32 64, S=15, K=8, V=151936
-    python -m vllm_liliprop.kernels.bench --quick    # a small run (what the CPU test uses)
+    python -m tools.kernels.bench            # CUDA: B in 1 8 32 64, S=15, K=8, V=151936
+    python -m tools.kernels.bench --quick    # a small run (what the CPU test uses)
 
 Every column of a row is measured in the same process on the same inputs, after warm-up, as
 the median of per-call CUDA-event times (wall-clock on CPU). Ratios are reference time /
@@ -111,7 +111,7 @@ def _vllm_selector_walk(source_dir: Path | None):
     vLLM (never imported: the bench runs where there is no vLLM)."""
     import tempfile
 
-    from vllm_liliprop.kernels import upstream_walk
+    from tools.kernels import upstream_walk
 
     try:
         if source_dir is None:
@@ -119,7 +119,7 @@ def _vllm_selector_walk(source_dir: Path | None):
         return upstream_walk.greedy_walk_fn(upstream_walk.load_kernel(source_dir))
     except (OSError, ValueError) as error:
         print(f"  (vLLM selector walk unavailable: {error}; on a machine without vLLM pass "
-              "--upstream-walk DIR from `python -m vllm_liliprop.kernels.upstream_walk export DIR`)")
+              "--upstream-walk DIR from `python -m tools.kernels.upstream_walk export DIR`)")
         return None
 
 
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     parser.add_argument("--upstream-walk", type=Path, default=None,
-                        help="folder from `python -m vllm_liliprop.kernels.upstream_walk export` "
+                        help="folder from `python -m tools.kernels.upstream_walk export` "
                              "(default: copy it from the installed vLLM)")
     args = parser.parse_args(argv)
     quick = args.quick
