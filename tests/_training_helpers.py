@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from training.data import TokenizedDataset
 
 VOCAB = 256
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Training tests run on one thread: their numbers then repeat exactly, and they leave the
+    other core to the rest of the suite. A module opts in by importing this fixture."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 MASK_TOKEN = 255
 
 

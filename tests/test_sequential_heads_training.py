@@ -7,20 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _training_helpers import single_thread  # noqa: F401 (autouse)
 from _training_helpers import patterned_dataset, tiny_recipe, tiny_target
 from training.export import load_dflash, read_draft_vocab
 from training.pipeline import run_draft_training
 from vllm_liliprop.heads.domino import DominoConfig, DominoHead, load_domino_head
 from vllm_liliprop.heads.dspark import MarkovBiasHead
 from vllm_liliprop.heads.sequential import sampled_pick, sequential_draft
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _random_heads(vocab=40, width=8, rank=3, ids=None):

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _training_helpers import single_thread  # noqa: F401 (autouse)
 from _training_helpers import patterned_dataset, tiny_target
 from training.blocks import sample_anchors
 from training.data import collate
@@ -14,14 +15,6 @@ from training.export import export_dflash
 from training.train_dels import ShortHeadObjective, run_dels_training, run_fusion_training
 from vllm_liliprop.heads.dels import GRUShortHead, UnigramPrior
 from vllm_liliprop.heads.dels_io import load_dels_head
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def dels_recipe(kind: str, output_dir, steps: int = 30) -> dict:

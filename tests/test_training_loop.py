@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import training.objective as objective_module
+from _training_helpers import single_thread  # noqa: F401 (autouse)
 from _training_helpers import (
     MASK_TOKEN,
     ddp_worker,
@@ -20,14 +21,6 @@ from training.features import OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights
 from training.objective import DraftObjective
 from training.pipeline import build_drafter, build_lattice, run_draft_training
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def joint_objective(weights=LossWeights(dflash_decay=4.0, distractor=0.0)):

@@ -8,11 +8,13 @@ returns one token per slot. Shapes: B requests, S draft slots, H draft width, V 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
 
 from vllm_liliprop.faults import non_finite_rows
+from vllm_liliprop.options import OptionError
 
 
 @dataclass
@@ -111,3 +113,19 @@ def to_target_ids(output: DraftOutput, vocab_ids: torch.Tensor | None, vocab_siz
         probs = probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, vocab_ids, probs)
     fallback = None if output.fallback_ids is None else vocab_ids[output.fallback_ids]
     return DraftOutput(vocab_ids[output.token_ids], probs, output.faulty_rows, fallback)
+
+
+def head_folder(option: str, value: str, resources, what: str, fix: str) -> Path:
+    """A head folder option (`dels_path`, `domino_path`): relative to the draft directory unless
+    absolute, and existing; OptionError naming the option and `fix` otherwise."""
+    path = Path(value)
+    if not path.is_absolute():
+        if resources.draft_dir is None:
+            raise OptionError(
+                f"{option} = {value!r} is relative but the draft is not a local directory; give "
+                f"an absolute {option}."
+            )
+        path = resources.draft_dir / path
+    if not path.exists():
+        raise OptionError(f"{option}: no {what} at {path}; {fix}")
+    return path

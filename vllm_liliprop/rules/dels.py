@@ -8,27 +8,15 @@ from vllm_liliprop.heads.dels import SubVocabShortHead
 from vllm_liliprop.heads.dels_io import load_dels_head
 from vllm_liliprop.heads.dels_rules import dels_draft, dels_draft_sampled
 from vllm_liliprop.options import LiliPropOptions, OptionError
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput, scored_logits, to_target_ids
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, head_folder, scored_logits, to_target_ids
 from vllm_liliprop.rules.lattice import sampling_temperature
 
 
 def load_dels(options: LiliPropOptions, resources):
     """(head, log_prior, alpha[S], beta[S], pure_draft_prefix_len) for this draft."""
-    from pathlib import Path
-
-    path = Path(options.dels_path)
-    if not path.is_absolute():
-        if resources.draft_dir is None:
-            raise OptionError(
-                f"dels_path = {options.dels_path!r} is relative but the draft is not a local "
-                "directory; give an absolute dels_path."
-            )
-        path = resources.draft_dir / path
-    if not path.exists():
-        raise OptionError(
-            f"dels_path: no DeLS head at {path}; export one with `python -m training.export` "
-            "or point dels_path at a folder with config.json + model.safetensors."
-        )
+    path = head_folder("dels_path", options.dels_path, resources, "DeLS head",
+                       "export one with `python -m training.export` or point dels_path at a "
+                       "folder with config.json + model.safetensors.")
     head, prior, config = load_dels_head(
         path, resources.embed_weight, resources.vocab_size, resources.tokenizer_fingerprint,
         device=resources.device,

@@ -3,38 +3,20 @@ over the tokens drafted before each slot (heads/sequential.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from vllm_liliprop.heads.domino import DominoHead, load_domino_head
 from vllm_liliprop.options import LiliPropOptions, OptionError
+from vllm_liliprop.rules.base import head_folder
 from vllm_liliprop.rules.sequential import SequentialHeadRule
-
-
-def domino_folder(options: LiliPropOptions, resources) -> Path:
-    """options.domino_path, relative to the draft directory unless absolute."""
-    path = Path(options.domino_path)
-    if not path.is_absolute():
-        if resources.draft_dir is None:
-            raise OptionError(
-                f"domino_path = {options.domino_path!r} is relative but the draft is not a local "
-                "directory; give an absolute domino_path."
-            )
-        path = resources.draft_dir / path
-    if not path.exists():
-        raise OptionError(
-            f"domino_path: no Domino head at {path}; export the draft with "
-            "`training.export.export_domino` or point domino_path at a folder with config.json + "
-            "model.safetensors."
-        )
-    return path
 
 
 def load_domino(options: LiliPropOptions, resources) -> DominoHead:
     """The draft's Domino head in fp32 on the proposer's device, reading the target's table."""
-    path = domino_folder(options, resources)
+    path = head_folder("domino_path", options.domino_path, resources, "Domino head",
+                       "export the draft with `training.export.export_domino` or point "
+                       "domino_path at a folder with config.json + model.safetensors.")
     if resources.embed_weight is None:
         raise ValueError("the Domino head reads the target's input embeddings, which this target "
                          "does not expose (model.embed_tokens); serve the draft without the rule")

@@ -204,16 +204,10 @@ class LiliPropProposer(DFlashProposer):
             self._anchor_ids = next_token_ids
             if self._needs_anchor_hidden:
                 self._remember_anchor_state(target_hidden_states, cad, num_rejected_tokens_gpu)
+        inputs = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                  token_indices_to_sample, cad, num_rejected_tokens_gpu)
         if not self.anchor_layout:
-            return super().set_inputs_first_pass(
-                target_token_ids,
-                next_token_ids,
-                target_positions,
-                target_hidden_states,
-                token_indices_to_sample,
-                cad,
-                num_rejected_tokens_gpu,
-            )
+            return super().set_inputs_first_pass(*inputs)
         # DSpark's anchor layout is DFlash's 1 + N fill-in layout with one mask fewer: the
         # parent with N - 1 speculative tokens writes exactly the queries [anchor, mask x (N-1)]
         # at positions last + 1 .. last + N (its kernel takes the count as a run-time scalar),
@@ -225,15 +219,7 @@ class LiliPropProposer(DFlashProposer):
         num_spec = self.num_speculative_tokens
         self.num_speculative_tokens = num_spec - 1
         try:
-            num_query_total, _, new_cad = super().set_inputs_first_pass(
-                target_token_ids,
-                next_token_ids,
-                target_positions,
-                target_hidden_states,
-                token_indices_to_sample,
-                cad,
-                num_rejected_tokens_gpu,
-            )
+            num_query_total, _, new_cad = super().set_inputs_first_pass(*inputs)
         finally:
             self.num_speculative_tokens = num_spec
         # Request b's queries are rows b * N .. b * N + N - 1: all of them, in order.
