@@ -221,21 +221,27 @@ def add_average_rows(table: Table, benchmark_index: int) -> None:
 POOLED = "All prompts (pooled)"
 
 
+def _total(rows: pd.DataFrame, column: str) -> float:
+    """Sum of a numeric column; NaN when no row has a number there (hand-made or old files)."""
+    return float(pd.to_numeric(rows[column], errors="coerce").sum(min_count=1))
+
+
 def pooled_value(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None) -> float:
     """`value` over every prompt of `rows` at once, as the papers aggregate: tau = 1 + all
     accepted drafts / all drafts (block-weighted), tokens/s = all output tokens / all wall time,
-    speedup = that over the baseline's pooled tokens/s on the same rows; NaN for other metrics."""
+    speedup = that over the baseline's pooled tokens/s on the same rows; NaN for other metrics
+    and where the counters are missing."""
     if value == "tau" and not rows.empty:
-        drafts = rows["num_drafts"].sum()
+        drafts = _total(rows, "num_drafts")
         if drafts > 0:
-            return 1.0 + rows["num_accepted_tokens"].sum() / drafts
+            return 1.0 + _total(rows, "num_accepted_tokens") / drafts
         return 1.0 if bool((rows["tau"] == 1.0).all()) else math.nan  # AR; else no counters
-    if value in ("tokens_per_s", "speedup") and rows["wall_s"].sum() > 0:
-        rate = rows["output_tokens"].sum() / rows["wall_s"].sum()
+    if value in ("tokens_per_s", "speedup") and _total(rows, "wall_s") > 0:
+        rate = _total(rows, "output_tokens") / _total(rows, "wall_s")
         if value == "tokens_per_s":
-            return float(rate)
-        if baseline is not None and baseline["wall_s"].sum() > 0:
-            return float(rate / (baseline["output_tokens"].sum() / baseline["wall_s"].sum()))
+            return rate
+        if baseline is not None and _total(baseline, "wall_s") > 0:
+            return rate / (_total(baseline, "output_tokens") / _total(baseline, "wall_s"))
     return math.nan
 
 
@@ -261,6 +267,8 @@ def add_pooled_rows(table: Table, rows: pd.DataFrame, value: str, labels: list[s
         values = [pooled_value(group[group["system"] == s], value, baseline)
                   if not math.isnan(avg) else math.nan
                   for s, avg in zip(table.value_header, row.values)]
+        if all(math.isnan(v) for v in values):
+            continue
         pooled_labels = list(other)
         pooled_labels.insert(benchmark_index, POOLED)
         out.append(TableRow(pooled_labels, values))
