@@ -142,3 +142,12 @@ def most_common_token(outputs):
     from collections import Counter
 
     return Counter(t for ys in outputs for t in ys).most_common(1)[0][0]
+
+
+def error_chain(error: BaseException) -> str:
+    """An engine-start failure with its causes, one per line (vLLM wraps a loader's error)."""
+    chain, exc = [], error
+    while exc is not None:
+        chain.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(chain)

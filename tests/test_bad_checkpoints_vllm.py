@@ -9,18 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.engine import generate
+from tests.engine import error_chain, generate
 from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
 
 pytestmark = pytest.mark.vllm
-
-
-def error_chain(error: BaseException) -> str:
-    chain, exc = [], error
-    while exc is not None:
-        chain.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(chain)
 
 
 def refused_at_start(tiny_models, draft) -> str:

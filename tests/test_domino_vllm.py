@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.engine import counters_list, generate, plain32
+from tests.engine import counters_list, error_chain, generate, plain32
 from vllm_liliprop.heads.domino import DominoConfig, DominoHead, load_domino_head, save_domino_head
 from vllm_liliprop.heads.sequential import sequential_draft
 
@@ -96,14 +96,6 @@ def check_against_reference(records, target_dir, head_dir, vocab_ids=None) -> fl
             changed += int((ids != argmax).sum())
             total += ids.numel()
     return changed / total
-
-
-def error_chain(error: BaseException) -> str:
-    chain, exc = [], error
-    while exc is not None:
-        chain.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(chain)
 
 
 def test_domino_drafts_are_the_heads_and_greedy_output_is_plain(tiny_models, stock, domino_draft):
