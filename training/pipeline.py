@@ -1,4 +1,5 @@
-"""Build and run a DFlash or joint LiLiCorr training from a recipe dict.
+"""Build and run a DFlash training, or a joint one with a LiLiCorr, DSpark or Domino head, from a
+recipe dict.
 
 Recipe fields (defaults in brackets):
   method          "dflash" | "lilicorr" | "dspark" | "domino"
@@ -141,8 +142,9 @@ def _export_vocab(recipe: dict[str, Any], method: str) -> str:
         raise ValueError(f"export_vocab = 'full' with train_vocab: the {method} head scores the "
                          "train_vocab ids only; remove export_vocab (it then follows train_vocab)")
     if choice == "train" and method == "lilicorr":
-        raise ValueError("export_vocab = 'train' is for method 'dflash': upstream LiLiCorr drafts "
-                         "need the full target vocabulary; remove export_vocab from the recipe")
+        raise ValueError("export_vocab = 'train' is for methods dflash, dspark and domino: upstream "
+                         "LiLiCorr drafts need the full target vocabulary; remove export_vocab from "
+                         "the recipe")
     if choice == "train" and not recipe.get("train_vocab"):
         raise ValueError("export_vocab = 'train' needs train_vocab = {'size': N} in the recipe")
     return choice
