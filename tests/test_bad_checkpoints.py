@@ -256,3 +256,10 @@ def test_print_table(tmp_path):
         with pytest.raises(ValueError) as error:
             load(draft, environ)
         print(f"| {case} | {str(error.value).replace(str(draft), '<draft>')} |")
+
+
+def test_load_errors_not_about_weight_shapes_are_left_as_vllm_raised_them(tmp_path):
+    from vllm_liliprop.draft_files import explain_load_error
+
+    assert explain_load_error(tmp_path, RuntimeError("CUDA out of memory")) is None
+    assert explain_load_error(tmp_path, KeyError("lilicorr_num_heads")) is None

@@ -1,9 +1,12 @@
-"""Bad drafter files that only vLLM's own loader sees, in real engines: the engine must stop at
-start with vLLM's message (recorded in README.md, "Bad checkpoints"), never serve.
+"""Bad drafter weight files, which vLLM's own loader reads, in real engines: the engine must stop
+at start, never serve, with a message that names the file or the tensor (vllm_liliprop/
+draft_files.py; recorded in README.md, "Bad checkpoints"), where vLLM's own names neither.
 
 The plugin's own load path (options, LiLiCorr head fields and values, DeLS heads) is covered
 without engines in tests/test_bad_checkpoints.py.
 """
+
+import json
 
 import pytest
 import torch
@@ -27,7 +30,8 @@ def test_truncated_draft_weights_stop_the_engine(tiny_models):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     text = refused_at_start(tiny_models, draft)
     print(text)
-    assert "SafetensorError: Error while deserializing header" in text, text
+    assert f"{weights} cannot be read as safetensors (Error while deserializing header" in text, text
+    assert "re-export the draft" in text, text
 
 
 def test_wrong_shape_lattice_tensor_stops_the_engine(tiny_models):
@@ -38,4 +42,17 @@ def test_wrong_shape_lattice_tensor_stops_the_engine(tiny_models):
     save_file(weights, str(draft / "model.safetensors"))
     text = refused_at_start(tiny_models, draft)
     print(text)
-    assert "Tried to load weights of size torch.Size([33, 128])" in text, text
+    assert (f"{draft}: a checkpoint tensor of shape (33, 128) (lilicorr.in_head.weight) is "
+            "loaded into a parameter of shape (32, 128)") in text, text
+    assert "Tried to load weights of size torch.Size([33, 128])" in text, text  # vLLM's, chained
+
+
+def test_index_naming_a_missing_weight_file_stops_the_engine(tiny_models):
+    draft = build_tiny_lilicorr_draft(tiny_models["root"] / "bad-index", tiny_models["target"])
+    weights = load_file(str(draft / "model.safetensors"))
+    (draft / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: "model-00002-of-00002.safetensors" for name in weights}}))
+    text = refused_at_start(tiny_models, draft)
+    print(text)
+    assert (f"{draft / 'model.safetensors.index.json'} names ['model-00002-of-00002.safetensors'], "
+            "which is missing") in text, text

@@ -2,7 +2,9 @@
 
 Only these things differ from `DFlashProposer`:
 - `__init__` refuses a heterogeneous vocabulary (`use_heterogeneous_vocab`) when a rule runs;
-- `load_model` also builds the draft rule named by the options (lattice head, DeLS head, DSpark's
+- `load_model` first reads the draft's weight headers, so that a damaged file is refused naming
+  it, and explains vLLM's shape errors by the checkpoint tensors (draft_files.py); it also
+  builds the draft rule named by the options (lattice head, DeLS head, DSpark's
   Markov head read from the checkpoint's `markov_head.*` tensors, ...);
 - `set_inputs_first_pass` also remembers each request's anchor token and, when the rule needs it,
   the target state at the last verified position (the LiLiCorr anchor). For a DSpark draft with
@@ -28,6 +30,7 @@ from typing_extensions import override
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
@@ -117,7 +120,17 @@ class LiliPropProposer(DFlashProposer):
 
     @override
     def load_model(self, target_model: torch.nn.Module) -> None:
-        super().load_model(target_model)
+        draft_path = Path(self.draft_model_config.model)
+        local = draft_path.is_dir()
+        if local:
+            tensor_shapes(draft_path)  # a damaged weight file names itself before vLLM reads it
+        try:
+            super().load_model(target_model)
+        except (AssertionError, ValueError, RuntimeError) as error:
+            explained = explain_load_error(draft_path, error) if local else None
+            if explained is None:
+                raise
+            raise ValueError(explained) from error
         self._draft_argmax = DraftVocabArgmax.for_model(
             self.model, vllm_paths=self.use_local_argmax_reduction or self.use_heterogeneous_vocab
         )
@@ -127,10 +140,9 @@ class LiliPropProposer(DFlashProposer):
         inner = getattr(language_model, "model", language_model)
         embedding = getattr(inner, "embed_tokens", None)
         hf_config = self.draft_model_config.hf_config
-        draft_path = Path(self.draft_model_config.model)
         has_head = getattr(getattr(self.model, "model", None), "lilicorr", None) is not None
         resources = RuleResources(
-            draft_dir=draft_path if draft_path.is_dir() else None,
+            draft_dir=draft_path if local else None,
             vocab_size=int(hf_config.vocab_size),
             device=self.device,
             dtype=self.dtype,
