@@ -78,10 +78,9 @@ def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_
 
 def find_drafter(llm):
     """The in-process model runner's drafter (None in multiprocess mode)."""
-    try:
-        return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
-    except AttributeError:
-        return None
+    from vllm_liliprop.vllm.offline import in_process_drafter
+
+    return in_process_drafter(llm)
 
 
 def run_in_subprocess(code: str, env_overrides: dict[str, str], timeout: int = 600) -> dict:

@@ -259,6 +259,15 @@ class OfflineEngine:
         return self._llm().llm_engine
 
 
+def in_process_drafter(llm: LLM):
+    """The proposer of an in-process engine's model runner (None in multiprocess mode, where it
+    lives in the engine-core process)."""
+    try:
+        return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    except AttributeError:
+        return None
+
+
 @contextmanager
 def _liliprop_env(options: dict | None):
     old = os.environ.get(ENV_VAR)
