@@ -27,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     every.add_argument("--decode-pair", action="append", default=[], metavar="GREEDY=EXACT",
                        help="pair two systems for the decode-rule ablation when their names do not follow "
                             "the X-greedy / X-viterbi rule (repeatable)")
+    every.add_argument("--kv-cache-tokens", type=int, metavar="N",
+                       help="the engine's KV-cache size in tokens (vLLM logs it at start-up), for the "
+                            "memory-bound (†) row flags of the concurrency tables")
+    every.add_argument("--dels-weights", metavar="FILE",
+                       help="CSV of `python -m eval heads-table` for the DeLS α/β per-position table")
+    every.add_argument("--training-cost", metavar="FILE",
+                       help="CSV of `python -m eval training-cost` for the training-cost table")
     table = commands.add_parser("table", help="print one Table-1-style table to stdout",
                                 description="Print one Table-1-style table (rows benchmark [x temperature], "
                                             "columns system, best per row in bold).")
@@ -43,10 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "all":
             from plots.report import write_all
 
+            from plots.records import load_dels_weights, load_training_cost
+
             pairs = _parse_pairs(args.decode_pair)
             lossless = None if args.lossless is None else load_results(args.lossless)
+            weights = None if args.dels_weights is None else load_dels_weights(args.dels_weights)
+            cost = None if args.training_cost is None else load_training_cost(args.training_cost)
             report = write_all(df, args.out, decode_pairs=pairs, source=args.results, lossless=lossless,
-                               lossless_source=args.lossless)
+                               lossless_source=args.lossless, kv_cache_tokens=args.kv_cache_tokens,
+                               dels_weights=weights, training_cost=cost)
             print(f"wrote {len(report.figures)} figures, {len(report.tables)} tables, "
                   f"skipped {len(report.skipped)}; index: {report.index}")
         else:
