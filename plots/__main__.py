@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--results", required=True, help="results file (.parquet or .csv)")
     table.add_argument("--value", default="tau", help="metric column: tau, speedup, tokens_per_s (default tau)")
     table.add_argument("--format", choices=["md", "tex"], default="md", help="markdown or LaTeX (default md)")
+    table.add_argument("--kind", choices=list(TABLE_KINDS), default="table1",
+                       help="table1 (default; --value picks the metric), concurrency (Table 2 style; --value "
+                            "speedup or tau), concurrency-detail (Tables 13/14), categories (Tables 7/8), "
+                            "seeds (Tables 9/10)")
+    table.add_argument("--kv-cache-tokens", type=int, metavar="N",
+                       help="KV-cache size in tokens, for the memory-bound (†) flags of concurrency tables")
     args = parser.parse_args(argv)
 
     # Imported after argument parsing so --help is quick.
@@ -65,12 +71,30 @@ def main(argv: list[str] | None = None) -> int:
             from plots.select import main_setting, run_rows
             from plots.tables import latex_table, markdown_table
 
-            rows = main_setting(run_rows(df), keep_sweeps=True).rows
-            render = markdown_table if args.format == "md" else latex_table
-            sys.stdout.write(render(rows, value=args.value))
+            if args.kind == "table1":
+                rows = main_setting(run_rows(df), keep_sweeps=True).rows
+                render = markdown_table if args.format == "md" else latex_table
+                sys.stdout.write(render(rows, value=args.value))
+            else:
+                from plots import paper_tables
+                from plots.tables import render_latex, render_markdown
+
+                value = args.value if args.value in ("speedup", "tau") else "speedup"
+                if args.kind == "concurrency":  # one table per set of tiers, as `plots all` writes them
+                    built = [paper_tables.concurrency_table(df, value, args.kv_cache_tokens, group)
+                             for group in paper_tables.tier_groups(df)] or [paper_tables.concurrency_table(df)]
+                elif args.kind == "concurrency-detail":
+                    built = [paper_tables.concurrency_detail_table(df, args.kv_cache_tokens)]
+                else:
+                    built = [{"categories": paper_tables.category_table, "seeds": paper_tables.seed_table}[args.kind](df)]
+                render = render_markdown if args.format == "md" else render_latex
+                sys.stdout.write("\n".join(render(t) for t in built))
     except ValueError as error:
         parser.error(str(error))
     return 0
+
+
+TABLE_KINDS = ("table1", "concurrency", "concurrency-detail", "categories", "seeds")
 
 
 def _parse_pairs(specs: list[str]) -> dict[str, str]:

@@ -154,8 +154,8 @@ def flag_note(kv_cache_tokens: int | None) -> str:
               if kv_cache_tokens else
               f"{MEMORY} (memory-bound, c × (input length + max_tokens) > KV-cache tokens) not evaluated: "
               "no KV-cache size given (plots all --kv-cache-tokens N)")
-    return (f"{OFFERED} offered, not resident: fewer prompts than c in the measurement, so the engine "
-            f"never held c sequences; {memory}.")
+    return (f"{OFFERED} offered, not resident: a measurement of the row had fewer prompts than c, so the "
+            f"engine never held c sequences; {memory}.")
 
 
 def _tiers(rows: pd.DataFrame) -> list[str]:
@@ -206,8 +206,8 @@ def concurrency_table(df: pd.DataFrame, value: str = "speedup", kv_cache_tokens:
     header = [_column_name(s, t, m) for s, t, m in columns]
     groups = [None if m == "tokens_per_s" else t for _, t, m in columns]
     table = Table([LABEL_HEADERS.get(c, c) for c in labels], header, out, 2, best="max", best_groups=groups)
-    what = {"speedup": "speedup over AR at the same concurrency", "tau": "acceptance length τ"}.get(value, value)
-    table.caption = (f"{what} as concurrency c grows, per system and tier; best per tier and row in bold"
+    what = {"speedup": "speedup over AR (at the same c)", "tau": "acceptance length τ"}.get(value, value)
+    table.caption = (f"{what} per system and tier as concurrency c grows; best per tier and row in bold"
                      + ("; AR in tokens/s" if value == "speedup" else ""))
     table.notes = [POOLING_NOTE]
     if pooled_tier:

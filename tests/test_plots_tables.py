@@ -346,3 +346,18 @@ def test_record_files_with_missing_columns_fail_clearly(tmp_path):
         load_dels_weights(bad)
     with pytest.raises(ValueError, match="eval training-cost"):
         load_training_cost(tmp_path / "missing.csv")
+
+
+def test_plots_table_prints_each_new_kind(capsys, report):
+    """`python -m plots table --kind K` prints the same tables `plots all` writes."""
+    _, out = report
+    for kind, stem in (("categories", "table_categories"), ("seeds", "table_seeds"),
+                       ("concurrency-detail", "table_concurrency_detail")):
+        code = plots_main(["table", "--results", str(REAL), "--kind", kind, "--kv-cache-tokens", str(KV_TOKENS)])
+        printed = capsys.readouterr().out
+        assert code == 0 and printed == (out / f"{stem}.md").read_text(encoding="utf-8"), kind
+    assert plots_main(["table", "--results", str(REAL), "--kind", "concurrency", "--value", "speedup",
+                       "--format", "tex", "--kv-cache-tokens", str(KV_TOKENS)]) == 0
+    printed = capsys.readouterr().out
+    for stem in ("table_concurrency_speedup__speed-qualitative", "table_concurrency_speedup__speed-throughput-1k"):
+        assert (out / f"{stem}.tex").read_text(encoding="utf-8") in printed
