@@ -197,7 +197,8 @@ def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str, c
         f"Source: `{Path(source).name}`: {len(runs)} run rows, {len(stages)} stage rows; "
         f"systems {', '.join(system_order(df))}.",
         "Cells are means over seeds of per-seed means (over categories where a benchmark has them). "
-        "Tables and bars use each benchmark's lowest concurrency and input length.",
+        "Tables and bars use each benchmark's lowest concurrency and input length, except the concurrency "
+        "tables and figures, which show every level.",
         "",
         "## Figures",
         "",
