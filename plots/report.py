@@ -23,6 +23,9 @@ from plots.figures.stages import stage_bars
 from plots.io import validate_results
 from plots.select import describe, main_setting, run_rows, split_by, split_sweeps, stage_rows, system_order
 from plots.style import save_figure, system_colors
+from plots.paper_tables import (category_table, concurrency_detail_table, concurrency_table, seed_table,
+                                 tier_groups)
+from plots.records import dels_weights_table, training_cost_table
 from plots.tables import (decode_ablation_table, lossless_markdown, render_latex, render_markdown,
                           results_table, stage_table)
 
@@ -52,13 +55,18 @@ class Report:
 
 def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str] | None = None,
               source: str = "results", lossless: pd.DataFrame | None = None,
-              lossless_source: str | None = None) -> Report:
+              lossless_source: str | None = None, kv_cache_tokens: int | None = None,
+              dels_weights: pd.DataFrame | None = None, training_cost: pd.DataFrame | None = None) -> Report:
     """Write every supported figure (PNG + SVG) and table (.md + .tex) plus out_dir/index.md.
 
     df: results table (validated here). decode_pairs: extra {greedy system: exact system}
     pairs for the decode-rule ablation beyond the X-greedy / X-viterbi naming rule.
     lossless (from lossless_source): a separate greedy run's results for the identity table, e.g.
     fp32 beside a timed bf16 run (default: df itself).
+    kv_cache_tokens: the engine's KV-cache size in tokens, for the memory-bound (†) row flags of
+    the concurrency tables (plots.paper_tables). dels_weights / training_cost: the tidy files of
+    `python -m eval heads-table` / `python -m eval training-cost` (plots.records), for the DeLS
+    alpha/beta and training-cost tables; skipped (and said so) when not given.
     """
     df = validate_results(df, source)
     checked = df if lossless is None else validate_results(lossless, lossless_source or "lossless results")
@@ -101,11 +109,13 @@ def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str
         figure("stage_bars" + describe(values)[0], partial(stage_bars, rows))
 
     _write_tables(report, out_dir, main_setting(runs, keep_sweeps=True).rows, stages, pairs)
+    _write_paper_tables(report, out_dir, df, kv_cache_tokens, dels_weights, training_cost)
     report.index = _write_index(report, out_dir, df, source, checked, lossless_source)
     return report
 
 
-def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages: pd.DataFrame, pairs) -> None:
+def _table_writer(report: Report, out_dir: Path):
+    """table(stem, title, build): render build()'s Table as stem.md + stem.tex, or record why not."""
     def table(stem: str, title: str, build) -> None:
         try:
             built = build()
@@ -116,6 +126,54 @@ def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages
         md.write_text(render_markdown(built), encoding="utf-8")
         tex.write_text(render_latex(built), encoding="utf-8")
         report.tables.append(Written(stem, title, [md, tex]))
+
+    return table
+
+
+def _write_paper_tables(report: Report, out_dir: Path, df: pd.DataFrame, kv_cache_tokens: int | None,
+                        dels_weights: pd.DataFrame | None, training_cost: pd.DataFrame | None) -> None:
+    table = _table_writer(report, out_dir)
+    try:
+        groups = tier_groups(df)
+    except ValueError:
+        groups = []
+    if not groups:
+        for stem in ("table_concurrency_speedup", "table_concurrency_tau"):
+            report.skipped.append((stem, "no benchmark was run at more than one concurrency "
+                                         "(eval run --concurrency 1,2,...)"))
+    for benchmarks in groups:
+        slug = describe({"benchmark": benchmarks[0]})[0] if len(groups) > 1 else ""
+        names = ", ".join(benchmarks)
+        table(f"table_concurrency_speedup{slug}", f"speedup per concurrency and tier, {names} "
+                                                   "(LiLiCorr Table 2 / 16 style)",
+              partial(concurrency_table, df, "speedup", kv_cache_tokens, benchmarks))
+        table(f"table_concurrency_tau{slug}", f"acceptance length per concurrency and tier, {names} "
+                                               "(LiLiCorr Table 2 style, τ)",
+              partial(concurrency_table, df, "tau", kv_cache_tokens, benchmarks))
+    table("table_concurrency_detail", "τ / tokens/s / speedup per tier and concurrency "
+                                      "(LiLiCorr Tables 13, 14, 17 style)",
+          partial(concurrency_detail_table, df, kv_cache_tokens))
+    table("table_categories", "per-category (and per-tier) τ / tokens/s with unweighted and pooled "
+                              "aggregates (LiLiCorr Tables 7, 8 style)", partial(category_table, df))
+    table("table_seeds", "seed mean and standard deviation at T > 0 (LiLiCorr Tables 9, 10 style)",
+          partial(seed_table, df))
+    if dels_weights is None:
+        report.skipped.append(("table_dels_weights", "no DeLS head file given (python -m eval heads-table "
+                                                     "HEAD_DIR... --out F, then plots all --dels-weights F)"))
+    else:
+        table("table_dels_weights", "DeLS fusion weights α / β per draft position (DeLS-Spec Table 7 style)",
+              partial(dels_weights_table, dels_weights))
+    if training_cost is None:
+        report.skipped.append(("table_training_cost", "no training-cost file given (python -m eval "
+                                                      "training-cost --manifest M --out F, then plots all "
+                                                      "--training-cost F)"))
+    else:
+        table("table_training_cost", "training wall time and peak memory per run (DeLS-Spec Table 5 style)",
+              partial(training_cost_table, training_cost))
+
+
+def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages: pd.DataFrame, pairs) -> None:
+    table = _table_writer(report, out_dir)
 
     for value, name in TABLE_VALUES.items():
         table(f"table_{value}", f"{name} per benchmark and system (Table 1 style)",
@@ -139,7 +197,8 @@ def _write_index(report: Report, out_dir: Path, df: pd.DataFrame, source: str, c
         f"Source: `{Path(source).name}`: {len(runs)} run rows, {len(stages)} stage rows; "
         f"systems {', '.join(system_order(df))}.",
         "Cells are means over seeds of per-seed means (over categories where a benchmark has them). "
-        "Tables and bars use each benchmark's lowest concurrency and input length.",
+        "Tables and bars use each benchmark's lowest concurrency and input length, except the concurrency "
+        "tables and figures, which show every level.",
         "",
         "## Figures",
         "",

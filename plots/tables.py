@@ -53,6 +53,9 @@ class TableRow:
     extras: list[str] = field(default_factory=list)
     rule_above: bool = False  # a summary row (Average) gets a separator above it
     bold: bool = True  # mark this row's best value
+    # Shown instead of the formatted values when set (one text per value column, e.g.
+    # "2.31 / 148 / 1.40×" or "6.45 (0.03)"); `values` still decide which cell is bold.
+    cells: list[str] | None = None
 
 
 @dataclass
@@ -66,18 +69,27 @@ class Table:
     extra_header: list[str] = field(default_factory=list)
     caption: str = ""
     notes: list[str] = field(default_factory=list)
+    # Per value column, the group its best is picked in (e.g. the tier of a system x tier
+    # column); None = one group. A column whose group is None is never bold.
+    best_groups: list | None = None
 
     def cell_text(self, value: float) -> str:
         return f"{value:.{self.digits}f}"
 
     def best_columns(self, row: TableRow) -> set[int]:
-        """Indices of the best value in the row (all ties, compared as displayed)."""
-        shown = [round(v, self.digits) if not math.isnan(v) else None for v in row.values]
-        present = [v for v in shown if v is not None]
-        if not row.bold or len(present) < 2:
+        """Indices of the best value in the row (all ties, compared as displayed), per column group."""
+        if not row.bold:
             return set()
-        target = max(present) if self.best == "max" else min(present)
-        return {i for i, v in enumerate(shown) if v == target}
+        groups = self.best_groups or [0] * len(row.values)
+        best = set()
+        for group in dict.fromkeys(g for g in groups if g is not None):
+            members = [i for i, g in enumerate(groups) if g == group]
+            shown = {i: round(row.values[i], self.digits) for i in members if not math.isnan(row.values[i])}
+            if len(shown) < 2:
+                continue
+            target = max(shown.values()) if self.best == "max" else min(shown.values())
+            best |= {i for i, v in shown.items() if v == target}
+        return best
 
 
 def markdown_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
@@ -288,7 +300,10 @@ def render_markdown(table: Table) -> str:
         best = table.best_columns(row)
         values = []
         for i, v in enumerate(row.values):
-            text = "—" if math.isnan(v) else table.cell_text(v) + table.unit
+            if row.cells is not None:
+                text = row.cells[i]
+            else:
+                text = "—" if math.isnan(v) else table.cell_text(v) + table.unit
             values.append(f"**{text}**" if i in best else text)
         lines.append(_md_row(row.labels + values + row.extras))
     text = "\n".join(lines) + "\n"
@@ -308,7 +323,10 @@ def render_latex(table: Table) -> str:
         best = table.best_columns(row)
         values = []
         for i, v in enumerate(row.values):
-            text = "--" if math.isnan(v) else table.cell_text(v) + unit
+            if row.cells is not None:
+                text = latex_escape(row.cells[i].replace("—", "--"))
+            else:
+                text = "--" if math.isnan(v) else table.cell_text(v) + unit
             values.append(f"\\textbf{{{text}}}" if i in best else text)
         cells = [latex_escape(x) for x in row.labels] + values + [latex_escape(x) for x in row.extras]
         lines.append(" & ".join(cells) + r" \\")
@@ -354,7 +372,8 @@ def format_label(column: str, value) -> str:
 def latex_escape(text: str) -> str:
     replace = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-               "τ": r"$\tau$", "Δ": r"$\Delta$", "→": r"$\to$", "×": r"$\times$", "−": "-"}
+               "τ": r"$\tau$", "Δ": r"$\Delta$", "→": r"$\to$", "×": r"$\times$", "−": "-",
+               "†": r"$\dagger$", "‡": r"$\ddagger$", "·": r"$\cdot$", "α": r"$\alpha$", "β": r"$\beta$"}
     return "".join(replace.get(ch, ch) for ch in str(text))
 
 

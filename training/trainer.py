@@ -23,6 +23,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -376,7 +377,9 @@ class Trainer:
             metrics_file = open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8")
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.progress and self.env.is_main),
                    desc="train")
-        began = time.time()
+        began, first_step = time.time(), self.step
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         try:
             while self.step < self.total_steps:
                 logs = self.train_step()
@@ -394,7 +397,28 @@ class Trainer:
             bar.close()
             if metrics_file is not None:
                 metrics_file.close()
+        if self.env.is_main:
+            self.write_run_record(time.time() - began, first_step)
         return history
+
+    def write_run_record(self, wall_s: float, first_step: int) -> Path:
+        """output_dir/run.json: steps, wall time and peak memory of the fit() call that just ended
+        (training cost, DeLS-Spec Table 5; `python -m eval training-cost` reads it).
+        peak_rss_mib: the process's peak resident set (getrusage ru_maxrss); it is process-wide, so
+        where one process runs several stages it is the peak so far, an upper bound for this run.
+        peak_cuda_mib: peak CUDA memory allocated during this call (None off CUDA)."""
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        rss_mib = rss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
+        cuda = (torch.cuda.max_memory_allocated(self.device) / 2 ** 20 if self.device.type == "cuda" else None)
+        record = {"steps": self.step, "first_step": first_step, "wall_s": round(wall_s, 3),
+                  "device": str(self.device), "world_size": self.env.world_size,
+                  "peak_rss_mib": round(rss_mib, 1), "peak_cuda_mib": None if cuda is None else round(cuda, 1)}
+        path = self.output_dir / "run.json"
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return path
 
 
 def seeds_for(indices: Sequence[int], base_seed: int, epoch: int) -> list[int]:
