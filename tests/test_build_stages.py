@@ -118,5 +118,5 @@ def test_realbed_runs_the_same_stages_in_order(tmp_path, monkeypatch):
     manifest = realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None)
     assert names == ["target", "benchmarks", "prompts", "decontaminate", "split", "regenerate", "tokenize",
                      "dflash", "lilicorr", "dspark", "domino", "dels_gru", "dels_markov", "measure",
-                     "measure_baselines"]
+                     "measure_baselines", "ablation_no_distractor", "ablation_margin"]
     assert manifest["target_weights_sha256"] == "0" * 64 and set(manifest["versions"]) >= {"torch", "vllm"}

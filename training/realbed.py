@@ -22,7 +22,9 @@ stages, and an interrupted one resumes from its partial output):
                (recipes smollm2/dspark, smollm2/domino);
   dels_gru, dels_markov  DeLS short heads with the unigram prior, on the same data;
   measure      held-out teacher-forced tau of every draft;
-  measure_baselines  the same for the DSpark and Domino drafts.
+  measure_baselines  the same for the DSpark and Domino drafts;
+  ablation_<name>  for each entry of the recipe's "ablations" ({name: {recipe key: value}}):
+               the lilicorr stage with those loss settings, and its held-out tau (not shipped).
 The regenerate, tokenize, draft, DeLS and measure stages are the shared functions of
 training/build_stages/ (training.testbed runs them for the offline tiny target).
 OUT/manifest.json gathers the fragments, the recipes, seeds, versions and the target's sha256.
@@ -147,12 +149,13 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     drafts = out / "drafts"
     paths = {"target": str(target_dir), "data": str(data / "train.jsonl")}
 
-    def draft(method: str, name: str, extra: dict | None = None):
+    def draft(method: str, name: str, extra: dict | None = None, recipe_name: str | None = None,
+              folder: Path | None = None):
         def run():
-            draft_recipe = _draft_recipe(recipe["recipes"][name],
+            draft_recipe = _draft_recipe(recipe["recipes"][recipe_name or name],
                                          {**paths, "train.output_dir": str(out / "runs" / name), **(extra or {})})
             draft_recipe["method"] = method
-            return draft_stage(draft_recipe, drafts / name, target_dir, resume=True)
+            return draft_stage(draft_recipe, folder or drafts / name, target_dir, resume=True)
         return run
 
     stage("dflash", draft("dflash", "dflash"))
@@ -198,6 +201,28 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
                                            recipe["measure"]["num_anchors"], seed)
 
         stage("measure_baselines", measure_baselines)
+
+    # Ablations of the LiLiCorr losses (paper Table 11, Appendix G): the lilicorr stage again with
+    # one loss setting changed, same start, data, seed and budget; held-out tau on the measure
+    # stage's anchors. Not shipped: drafts land in OUT/ablations/.
+    for name, overrides in recipe.get("ablations", {}).items():
+        def ablation(name=name, overrides=overrides):
+            from transformers import AutoModelForCausalLM
+
+            from training.build_stages.measure import drafter_acceptance
+            from training.data import TokenizedDataset
+
+            folder = out / "ablations" / name
+            fragment = draft("lilicorr", f"ablation_{name}", {"drafter.init_from": str(drafts / "dflash"),
+                                                              **overrides}, "lilicorr", folder)()
+            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+            heldout = TokenizedDataset.load(data / "heldout.jsonl")
+            tau = drafter_acceptance(folder, True, target, heldout, recipe["measure"]["num_anchors"], seed)
+            return {**fragment, "overrides": overrides,
+                    "heldout_tau": {"lilicorr_argmax": round(1 + tau["accept_argmax"], 4),
+                                    "lilicorr_greedy_walk": round(1 + tau["accept_walk"], 4)}}
+
+        stage(f"ablation_{name}", ablation)
 
     manifest = {"command": command, "recipe": recipe, "seed": seed, "stages": finished_stages(out),
                 "target_weights_sha256": stages["target"]["weights_sha256"], "versions": versions()}
