@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="engine max_num_seqs values, e.g. 1,2,4,8,16,32")
     protocol.add_argument("--max-tokens", type=int, default=1024, help="generation cap per turn")
     protocol.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
+    protocol.add_argument("--paired", action="store_true",
+                          help="run AR again on each system row's prompts just before it, with an AR "
+                               "engine kept open, and take the speedup over that run (ratios measured "
+                               "side by side on a machine whose speed drifts)")
     protocol.add_argument("--warmup-requests", type=int,
                           help="warm-up batch size before each timed batch (default: the concurrency)")
     protocol.add_argument("--warmup-tokens", type=int, default=16)
@@ -218,7 +222,7 @@ def run_command(args) -> int:
         concurrency=tuple(sorted(set(args.concurrency))), max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos, warmup_requests=args.warmup_requests,
         warmup_tokens=min(args.warmup_tokens, args.max_tokens), prompt_format=args.prompt_format,
-        source=args.source, limit=args.limit,
+        source=args.source, limit=args.limit, paired=args.paired,
     )
     # Files from `fetch-data` carry their provenance (partial sets) into every results row.
     provenance = ({n: data_provenance(n, args.data_dir) for n in names} if args.source == "local"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.schema import ALL_COLUMNS, KEY_COLUMNS
+from eval.schema import ALL_COLUMNS, KEY_COLUMNS, LATER_COLUMNS
 
 FLOAT_KEYS = ("temperature", "dels_alpha", "dels_beta")
 INT_KEYS = ("concurrency", "input_len", "seed")
@@ -78,6 +78,9 @@ class ResultsFile:
             frame = pd.read_csv(self.path, dtype=str, keep_default_na=False)
         else:
             frame = pd.read_parquet(self.path)
+        for column in LATER_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = ""
         missing = [c for c in ALL_COLUMNS if c not in frame.columns]
         if missing:
             raise ValueError(f"results file {self.path} lacks column(s) {missing}; it was written by "
@@ -132,10 +135,10 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """Numeric columns as numbers (parquet keeps types; rows read back from CSV are strings)."""
     frame = frame.copy()
     for column in ("temperature", "dels_alpha", "dels_beta", "tau", "wall_s", "tokens_per_s",
-                   "speedup", "stage_ms"):
+                   "speedup", "paired_ar_wall_s", "stage_ms"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     for column in ("concurrency", "input_len", "seed", "num_prompts", "num_drafts",
-                   "num_draft_tokens", "num_accepted_tokens", "output_tokens"):
+                   "num_draft_tokens", "num_accepted_tokens", "output_tokens", "paired_ar_output_tokens"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("Int64")
     for column in ALL_COLUMNS:
         if frame[column].dtype == object:

@@ -2,8 +2,10 @@
 
 Engines: one per (concurrency, system), reused across benchmarks, temperatures and seeds (the
 concurrency is the engine's max_num_seqs, so a new c needs a new engine). For each concurrency AR
-runs first, so every other system's rows find their speedup baseline. An engine is only built
-when it has unfinished rows (resume).
+runs first, so every other system's rows find their speedup baseline; with `Protocol.paired` an
+AR engine stays open beside each system's and AR runs again on each run row's prompts just
+before it, its speedup's reference (columns paired_ar_*). An engine is only built when it has
+unfinished rows (resume).
 
 Each measurement: a warm-up batch (the first `warmup_requests` conversations, first turn,
 `warmup_tokens` tokens, same sampling), then the timed batch on an emptied prefix cache; counters
@@ -50,6 +52,10 @@ class Protocol:
     prompt_format: str = "chat"
     source: str = "local"
     limit: int | None = None  # prompts per benchmark (per category where split)
+    # Measure AR again on the same prompts just before each other system's run row, with an AR
+    # engine kept open beside the system's, and take the speedup over that run: side by side,
+    # so a machine whose speed drifts during a campaign still gives each ratio in one moment.
+    paired: bool = False
 
     def seeds_for(self, temperature: float) -> tuple[int, ...]:
         return self.seeds if temperature > 0 else self.seeds[:1]
@@ -59,6 +65,8 @@ class Protocol:
         fields = asdict(self)
         for key in ("temperatures", "seeds", "concurrency"):
             fields.pop(key)
+        if not fields["paired"]:
+            fields.pop("paired")  # the record of runs from before the option existed
         fields.update(chat_template_kwargs=chat_kwargs, top_p=1.0, top_k=0)
         return json.dumps(fields, sort_keys=True)
 
@@ -176,21 +184,19 @@ class Campaign:
 
         bar = tqdm(total=len(todo), disable=not progress, dynamic_ncols=True, desc="eval")
         written = 0
+        paired = _PairedBaseline(self, offline) if self.protocol.paired else None
         try:
             for (c, system), items in _by_engine(todo):
                 with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
                                            system.options(), max_num_seqs=c) as engine:
-                    limit = engine.max_model_len - self.protocol.max_tokens
-                    if limit <= 0:
-                        raise ValueError(f"max_tokens = {self.protocol.max_tokens} leaves no room for "
-                                         f"a prompt in max_model_len = {engine.max_model_len}")
-                    render = self.renderer(limit)
+                    render = self.renderer(self._prompt_limit(engine))
                     for m in items:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "
                                             f"T={m.temperature:g} s={m.seed}")
                         truncated = render.num_truncated
-                        rows = self._measure(engine, render, m, offline)
+                        ar = paired.measure(m) if paired and m.kind == "run" and not m.system.is_baseline else None
+                        rows = self._measure(engine, render, m, offline, ar)
                         if render.num_truncated > truncated:
                             self.log(f"{m.benchmark.name}{'/' + m.category if m.category else ''}: "
                                      f"{render.num_truncated - truncated} prompt(s) right-truncated "
@@ -201,9 +207,20 @@ class Campaign:
                         bar.update(1)
         finally:
             bar.close()
+            if paired is not None:
+                paired.close()
         return written
 
-    def _measure(self, engine, render, m: Measurement, offline) -> list[dict]:
+    def _prompt_limit(self, engine) -> int:
+        limit = engine.max_model_len - self.protocol.max_tokens
+        if limit <= 0:
+            raise ValueError(f"max_tokens = {self.protocol.max_tokens} leaves no room for "
+                             f"a prompt in max_model_len = {engine.max_model_len}")
+        return limit
+
+    def _warm_and_run(self, engine, render, m: Measurement, offline, stages: bool = False):
+        """The measurement's warm-up batch, then its timed batch: its BatchResult and, with
+        `stages`, the StageTimes of that batch."""
         p = self.protocol
         conversations = [list(e.turns) for e in m.examples]
         seed = m.seed if m.temperature > 0 else None
@@ -213,23 +230,66 @@ class Campaign:
                              offline.Sampling(m.temperature, p.warmup_tokens, seed, p.ignore_eos),
                              max_turns=1)
         sampling = offline.Sampling(m.temperature, p.max_tokens, seed, p.ignore_eos)
-        base = {**m.template, "num_prompts": len(conversations), "timestamp": now()}
+        if not stages:
+            return engine.run_batch(conversations, render, sampling), None
+        with engine.stage_timer() as times:
+            return engine.run_batch(conversations, render, sampling), times
+
+    def _measure(self, engine, render, m: Measurement, offline, paired_ar=None) -> list[dict]:
+        """The rows of one measurement. paired_ar: AR's BatchResult on the same prompts just
+        before (--paired), the speedup's reference; otherwise AR's row in the results file."""
+        base = {**m.template, "num_prompts": len(m.examples), "timestamp": now()}
         if m.kind == "run":
-            result = engine.run_batch(conversations, render, sampling)
+            result, _ = self._warm_and_run(engine, render, m, offline)
             row = {**base, **run_metrics(result.counters, result.output_tokens, result.wall_s),
-                   "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes)}
-            baseline = (row["tokens_per_s"] if m.system.name == BASELINE
-                        else self.results.baseline_tokens_per_s(row, BASELINE))
+                   "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes),
+                   "paired_ar_output_tokens": math.nan, "paired_ar_wall_s": math.nan}
+            if m.system.name == BASELINE:
+                baseline = row["tokens_per_s"]
+            elif paired_ar is not None:
+                row["paired_ar_output_tokens"] = paired_ar.output_tokens
+                row["paired_ar_wall_s"] = paired_ar.wall_s
+                baseline = paired_ar.output_tokens / paired_ar.wall_s if paired_ar.wall_s > 0 else None
+            else:
+                baseline = self.results.baseline_tokens_per_s(row, BASELINE)
             row["speedup"] = speedup(row["tokens_per_s"], baseline)
             return [row]
-        with engine.stage_timer() as times:
-            result = engine.run_batch(conversations, render, sampling)
+        result, times = self._warm_and_run(engine, render, m, offline, stages=True)
         metrics = run_metrics(result.counters, result.output_tokens, result.wall_s)
         stages = times.per_step_ms()
         # "step wall" last: its row marks the measurement as finished for resume.
         names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
         return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
                  "speedup": math.nan, "output_hashes": "[]"} for s in names]
+
+
+class _PairedBaseline:
+    """--paired: an AR engine per concurrency, kept open beside the systems' engines, that runs
+    AR on a measurement's prompts (same protocol) when asked; its runs are not written."""
+
+    def __init__(self, campaign: Campaign, offline):
+        self.campaign, self.offline = campaign, offline
+        self.baseline = next((s for s in campaign.systems if s.is_baseline), None)
+        if self.baseline is None:
+            raise ValueError(f"--paired measures every system against {BASELINE!r}: add it to the run")
+        self.engine = None
+        self.render = None
+        self.concurrency = None
+
+    def measure(self, m: Measurement):
+        if self.concurrency != m.concurrency:
+            self.close()
+            self.engine = self.offline.OfflineEngine(self.campaign.target, self.campaign.engine_flags,
+                                                     max_num_seqs=m.concurrency).__enter__()
+            self.render = self.campaign.renderer(self.campaign._prompt_limit(self.engine))
+            self.concurrency = m.concurrency
+        result, _ = self.campaign._warm_and_run(self.engine, self.render, m, self.offline)
+        return result
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.__exit__(None, None, None)
+        self.engine = self.concurrency = None
 
 
 def _by_engine(todo: list[Measurement]):

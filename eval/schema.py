@@ -30,7 +30,10 @@ METRIC_COLUMNS = [
     "output_tokens",
     "wall_s",              # generation wall time, warm-up excluded
     "tokens_per_s",        # output_tokens / wall_s
-    "speedup",             # tokens_per_s / tokens_per_s of AR in the same run
+    "speedup",             # tokens_per_s / tokens_per_s of AR in the same run (with --paired:
+                           # of AR's run on the same prompts just before this one)
+    "paired_ar_output_tokens",  # --paired: output tokens and wall time of that AR run (NaN
+    "paired_ar_wall_s",         # otherwise, and for AR itself)
     "stage_ms",            # per-step milliseconds for kind == "stage", NaN otherwise
     "output_hashes",       # JSON list: per prompt, a fingerprint of its generated token ids (all
                            # turns); at T = 0 equal to AR's = the system reproduced plain decoding
@@ -52,3 +55,5 @@ PROVENANCE_COLUMNS = [
 ]
 
 ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS
+# Columns added after results files were first written: a file without them reads as NaN there.
+LATER_COLUMNS = ["paired_ar_output_tokens", "paired_ar_wall_s"]

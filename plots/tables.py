@@ -241,8 +241,9 @@ def _total(rows: pd.DataFrame, column: str) -> float:
 def pooled_value(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None) -> float:
     """`value` over every prompt of `rows` at once, as the papers aggregate: tau = 1 + all
     accepted drafts / all drafts (block-weighted), tokens/s = all output tokens / all wall time,
-    speedup = that over the baseline's pooled tokens/s on the same rows; NaN for other metrics
-    and where the counters are missing."""
+    speedup = that over the baseline's pooled tokens/s on the same rows (over the rows' own
+    paired AR runs where `eval run --paired` measured them); NaN for other metrics and where the
+    counters are missing."""
     if value == "tau" and not rows.empty:
         drafts = _total(rows, "num_drafts")
         if drafts > 0:
@@ -252,6 +253,10 @@ def pooled_value(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None) 
         rate = _total(rows, "output_tokens") / _total(rows, "wall_s")
         if value == "tokens_per_s":
             return rate
+        paired = _total(rows, "paired_ar_wall_s") if "paired_ar_wall_s" in rows.columns else math.nan
+        if paired > 0 and pd.to_numeric(rows["paired_ar_wall_s"], errors="coerce").notna().all():
+            # `eval run --paired`: each row's own AR run, measured just before it.
+            return rate / (_total(rows, "paired_ar_output_tokens") / paired)
         if baseline is not None and _total(baseline, "wall_s") > 0:
             return rate / (_total(baseline, "output_tokens") / _total(baseline, "wall_s"))
     return math.nan

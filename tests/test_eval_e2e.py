@@ -1,6 +1,7 @@
 """`python -m eval run` end to end: AR + DFlash on the tiny models, resume, summary."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -77,3 +78,34 @@ def test_run_writes_every_column_resumes_and_summarizes(tiny_models, tmp_path, c
     assert main(["summarize", str(tmp_path / "results.csv"), "--values", "tau"]) == 0
     summary = capsys.readouterr().out
     assert "### tau" in summary and "### speedup" not in summary
+
+
+def test_paired_runs_measure_ar_beside_each_system_row(tiny_models, tmp_path, capsys, monkeypatch):
+    from vllm_liliprop.vllm import offline
+
+    opened = []
+    enter = offline.OfflineEngine.__enter__
+
+    def record(self):
+        opened.append("spec" if self.speculative_config else "AR")
+        return enter(self)
+
+    monkeypatch.setattr(offline.OfflineEngine, "__enter__", record)
+    command = _command(tiny_models, tmp_path)
+    command[command.index("--stages"):command.index("--stages") + 2] = []
+    command[command.index("--temperatures") + 1] = "0"
+    assert main(command + ["--paired", "--no-summary", "--benchmarks", "gsm8k"]) == 0
+    runs = pd.read_csv(tmp_path / "results.csv")
+    ar, dflash = runs[runs["system"] == "AR"].iloc[0], runs[runs["system"] == "DFlash"].iloc[0]
+    # AR's own engine, then DFlash's with a second AR engine open beside it.
+    assert opened == ["AR", "spec", "AR"]
+    assert math.isnan(ar["paired_ar_wall_s"]) and ar["speedup"] == 1.0
+    assert dflash["paired_ar_output_tokens"] == 32 and dflash["paired_ar_wall_s"] > 0
+    assert dflash["paired_ar_wall_s"] != ar["wall_s"]  # its own AR run, not AR's row
+    assert dflash["speedup"] == pytest.approx(
+        dflash["tokens_per_s"] / (dflash["paired_ar_output_tokens"] / dflash["paired_ar_wall_s"]))
+    assert json.loads(dflash["protocol"])["paired"] is True
+    from plots.tables import pooled_value
+
+    assert pooled_value(runs[runs["system"] == "DFlash"], "speedup", runs[runs["system"] == "AR"]) == \
+        pytest.approx(dflash["speedup"])
