@@ -286,3 +286,22 @@ def test_serving_rules_draft_exactly_the_reference_drafts(dtype, edit):
                 same(got.probs, expected.probs)
             if edit is not None and bsz >= 3:
                 assert got.faulty_rows[:3].all(), name
+
+
+def test_a_packed_gemm_that_differs_from_the_reference_is_not_used():
+    config = CONFIGS["tiny"]
+    head = _head(config, torch.bfloat16)
+    serving = ServingLatticeHead(head)
+    if not serving.packed:
+        pytest.skip("no oneDNN bf16 GEMM on this CPU")
+    layout = serving._current()
+    wrong = head.feature_mlp.down_proj.weight.detach() * 2
+    layout.feature_down.packed = torch.ops.mkldnn._reorder_linear_weight(wrong.contiguous(), None)
+    args = _head_inputs(config, 2, 3, torch.bfloat16)
+    with torch.inference_mode():
+        for _ in range(2):  # the first call checks this row count, the second uses the verdict
+            ours, ref = serving.score(*args), head.score(*args)
+            same(ours[0], ref[0])
+            same(ours[1], ref[1])
+    assert layout.feature_down.verified == {2 * 3 * config.candidate_topk: False}
+    assert all(layout.pass_hidden_proj.verified.values())

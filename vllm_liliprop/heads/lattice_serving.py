@@ -9,16 +9,19 @@ ops, all of which depend only on the head's weights and the input shapes:
 - the modules' forward wrappers are skipped (functional calls on the same tensors);
 - for a bf16 head on a CPU with oneDNN's bf16 GEMM (AMX / AVX-512 BF16), the weights are
   repacked once into oneDNN's blocked layout (`torch.ops.mkldnn._linear_pointwise`, what
-  vLLM's CPU backend runs too), so a step no longer reorders ~10 MB of weights, and the out and
-  in vectors come from one GEMM over the two heads' stacked weights. bf16 `F.linear` on such a
-  CPU is the same oneDNN brgemm kernel, so results are identical; `packing_matches` checks that
-  on random probes when the layouts are built and falls back to the reference's calls if any
-  output differs. fp32 heads (MKL sgemm, whose results depend on the weight's strides and the
+  vLLM's CPU backend runs too), so a step no longer reorders ~10 MB of weights, and layers over
+  the same input share one GEMM over their stacked weights (the out and in vector heads; the
+  anchor's factor term and out vector head): 15 GEMMs a step instead of 17. bf16 `F.linear` on
+  such a CPU runs the same oneDNN brgemm kernel, and each output element's sum does not depend
+  on the other output columns, so results are identical; `packing_matches` checks that on
+  random probes when the layouts are built, and every packed GEMM checks itself against the
+  reference's calls the first time it sees a row count (oneDNN picks kernels by rows), keeping
+  the reference's calls where anything differs. fp32 heads (MKL sgemm, whose results depend on the weight's strides and the
   output width when threaded) keep the reference's exact calls.
 
 The layouts are rebuilt whenever a parameter of the wrapped head changes (in-place writes bump
 its version counter, `.to()` moves its storage), so a head poisoned or reloaded after the rule
-was built is scored as it is now. tests/test_lattice_fast.py compares every path with the
+was built is scored as it is now (`refresh()` after replacing a parameter object). tests/test_lattice_fast.py compares every path with the
 reference on random inputs, fp32 and bf16, ties and NaN rows included.
 """
 
@@ -42,21 +45,61 @@ def _mkldnn_bf16_gemm() -> bool:
         return False
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN at the same places."""
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0))
+
+
 class _Linear:
-    """y = x W^T + b, by `F.linear` on the given tensors or by oneDNN on a packed copy."""
+    """The outputs of one or more linear layers over the same input, x W_i^T + b_i.
 
-    __slots__ = ("weight", "bias", "packed")
+    Unpacked: the reference's `F.linear` calls on the given tensors (one per layer). Packed:
+    one oneDNN GEMM over the layers' stacked weights, split again. oneDNN may pick its kernel
+    by the number of rows, so the first call with each row count also runs the reference calls
+    and keeps the packed GEMM for that row count only if every output is identical.
+    """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
-        self.weight, self.bias = weight, bias
-        self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None) if pack else None
-        )
+    __slots__ = ("layers", "packed", "bias", "widths", "verified")
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], pack: bool):
+        self.layers = layers
+        self.widths = [w.shape[0] for w, _ in layers]
+        self.packed = self.bias = None
+        self.verified: dict[int, bool] = {}
+        if pack:
+            weight = torch.cat([w for w, _ in layers]) if len(layers) > 1 else layers[0][0]
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+            biases = [b for _, b in layers]
+            if all(b is None for b in biases):
+                self.bias = None
+            else:
+                # A zero bias adds +0.0 to a sum that starts at +0.0: the no-bias output exactly.
+                self.bias = torch.cat([
+                    torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+                    for (w, _), b in zip(layers, biases)
+                ])
+
+    def reference(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [F.linear(x, w, b) for w, b in self.layers]
+
+    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.packed is None or x.numel() == 0:
+            return self.reference(x)
+        rows = x.numel() // x.shape[-1]
+        use = self.verified.get(rows)
+        if use is False:
+            return self.reference(x)
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        parts = list(y.split(self.widths, dim=-1)) if len(self.widths) > 1 else [y]
+        if use is None:
+            expected = self.reference(x)
+            self.verified[rows] = all(_same(a, b) for a, b in zip(parts, expected))
+            return expected
+        return parts
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.numel() == 0:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return self.outputs(x)[0]
 
 
 class _Layout:
@@ -68,7 +111,7 @@ class _Layout:
         self.pack = pack
 
         def lin(module, pack=pack):
-            return _Linear(module.weight.detach(), _detach(module.bias), pack)
+            return _Linear([(module.weight.detach(), _detach(module.bias))], pack)
 
         self.token_proj = None if isinstance(head.token_proj, torch.nn.Identity) else lin(head.token_proj)
         self.pass_hidden_proj = lin(head.pass_hidden_proj)
@@ -82,7 +125,7 @@ class _Layout:
         self.layers = [
             (
                 _norm(layer.attn_norm),
-                _Linear(layer.attn.in_proj_weight.detach(), layer.attn.in_proj_bias.detach(), pack),
+                _Linear([(layer.attn.in_proj_weight.detach(), layer.attn.in_proj_bias.detach())], pack),
                 lin(layer.attn.out_proj),
                 _norm(layer.mlp_norm),
                 lin(layer.mlp.up_proj),
@@ -94,19 +137,15 @@ class _Layout:
         self.anchor_norm = _norm(head.anchor_norm)
         w = head.factor_input_proj.weight.detach()
         w_self, w_anchor, w_cross = w.split(width, dim=1)  # the reference's (strided) views
-        self.factor_self = _Linear(w_self, head.factor_input_proj.bias.detach(), pack)
-        self.factor_anchor = _Linear(w_anchor, None, pack)
-        self.factor_cross = _Linear(w_cross, None, pack)
-        if pack:
-            # One GEMM for both vector heads: [out | in] along the output features.
-            self.out_in_head = _Linear(
-                torch.cat([head.out_head.weight.detach(), head.in_head.weight.detach()]),
-                torch.cat([head.out_head.bias.detach(), head.in_head.bias.detach()]),
-                pack,
-            )
-        else:
-            self.out_head, self.in_head = lin(head.out_head), lin(head.in_head)
-        self.anchor_out_head = lin(head.anchor_out_head)
+        self.factor_self = _Linear([(w_self, head.factor_input_proj.bias.detach())], pack)
+        self.factor_cross = _Linear([(w_cross, None)], pack)
+        out_head = (head.out_head.weight.detach(), head.out_head.bias.detach())
+        in_head = (head.in_head.weight.detach(), head.in_head.bias.detach())
+        anchor_out = (head.anchor_out_head.weight.detach(), head.anchor_out_head.bias.detach())
+        # Layers over the same input share one GEMM when packed: the out and in vectors of the
+        # nodes; the anchor's factor term and its out vector.
+        self.out_in_head = _Linear([out_head, in_head], pack)
+        self.anchor_heads = _Linear([(w_anchor, None), anchor_out], pack)
         self.attention_bias: dict[int, torch.Tensor] = {}
         self.rank_features: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -119,40 +158,36 @@ def _norm(module: torch.nn.RMSNorm):
     return module.normalized_shape, module.weight.detach(), module.eps
 
 
-def _params_key(head: LatticeHead) -> tuple:
-    return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in head.parameters())
+def _params_key(params: tuple[torch.Tensor, ...]) -> tuple:
+    """Changes when a parameter is written in place (version counter) or moved (`.to()`)."""
+    return tuple([p._version for p in params] + [p.data_ptr() for p in params])
+
+
+def _linears(layout: _Layout) -> list[_Linear]:
+    found = [layout.pass_hidden_proj, layout.feature_up, layout.feature_down, layout.context_proj,
+             layout.factor_self, layout.factor_cross, layout.out_in_head, layout.anchor_heads]
+    if layout.token_proj is not None:
+        found.append(layout.token_proj)
+    for layer in layout.layers:
+        found += [layer[1], layer[2], layer[4], layer[5]]
+    return found
 
 
 def packing_matches(head: LatticeHead, generator: torch.Generator | None = None) -> bool:
-    """Whether the packed layout of `head` gives exactly the reference's linear outputs on
-    random probes of 1, 3 and 24 (the served 1 x 3 x 8 lattice) rows."""
-    packed, plain = _Layout(head, pack=True), _Layout(head, pack=False)
+    """Whether the packed GEMMs of `head` give exactly the reference's linear outputs on
+    random probes of 1, 3 and 24 (the served 1 x 3 x 8 lattice) rows. (Each packed GEMM also
+    checks itself against the reference the first time it sees a row count.)"""
+    packed = _Layout(head, pack=True)
     gen = generator or torch.Generator(device=head.slot_embedding.device).manual_seed(0)
     dtype, device = head.slot_embedding.dtype, head.slot_embedding.device
-
-    def probe(rows, features):
-        return torch.randn(1, rows, features, generator=gen, device=device).to(dtype)
-
-    pairs = [(packed.pass_hidden_proj, plain.pass_hidden_proj),
-             (packed.feature_up, plain.feature_up), (packed.feature_down, plain.feature_down),
-             (packed.context_proj, plain.context_proj), (packed.factor_self, plain.factor_self),
-             (packed.factor_anchor, plain.factor_anchor), (packed.factor_cross, plain.factor_cross),
-             (packed.anchor_out_head, plain.anchor_out_head)]
-    if packed.token_proj is not None:
-        pairs.append((packed.token_proj, plain.token_proj))
-    for ours, ref in zip(packed.layers, plain.layers):
-        pairs += [(ours[1], ref[1]), (ours[2], ref[2]), (ours[4], ref[4]), (ours[5], ref[5])]
     for rows in (1, 3, 24):
-        for ours, ref in pairs:
-            x = probe(rows, ref.weight.shape[1])
-            if not torch.equal(ours(x), ref(x)):
+        for linear in _linears(packed):
+            x = torch.randn(1, rows, linear.layers[0][0].shape[1], generator=gen, device=device)
+            x = x.to(dtype)
+            y = torch.ops.mkldnn._linear_pointwise(x, linear.packed, linear.bias, "none", [], "")
+            parts = y.split(linear.widths, dim=-1)
+            if not all(_same(a, b) for a, b in zip(parts, linear.reference(x))):
                 return False
-        x = probe(rows, plain.out_head.weight.shape[1])
-        both = packed.out_in_head(x)
-        width = plain.out_head.weight.shape[0]
-        if not (torch.equal(both[..., :width], plain.out_head(x))
-                and torch.equal(both[..., width:], plain.in_head(x))):
-            return False
     return True
 
 
@@ -164,8 +199,15 @@ class ServingLatticeHead:
         self.head = head
         self.config = head.config
         self._pack_option = pack
+        self._params: tuple[torch.Tensor, ...] = ()
         self._key: tuple | None = None
         self._layout: _Layout | None = None
+
+    def refresh(self) -> None:
+        """Rebuild the layouts on the next call (needed only after a parameter object of the
+        head was replaced, e.g. `head.in_head.weight = nn.Parameter(...)`; in-place writes and
+        `.to()` are noticed by themselves)."""
+        self._layout = None
 
     @property
     def packed(self) -> bool:
@@ -180,11 +222,12 @@ class ServingLatticeHead:
         return packing_matches(self.head)
 
     def _current(self) -> _Layout:
-        key = _params_key(self.head)
-        if key != self._key or self._layout is None:
-            with torch.inference_mode(False), torch.no_grad():
-                self._layout = _Layout(self.head, self._wants_pack())
-            self._key = key
+        if self._layout is not None and _params_key(self._params) == self._key:
+            return self._layout
+        with torch.inference_mode(False), torch.no_grad():
+            self._params = tuple(self.head.parameters())
+            self._layout = _Layout(self.head, self._wants_pack())
+        self._key = _params_key(self._params)
         return self._layout
 
     def _attention_bias(self, layout: _Layout, num_slots: int) -> torch.Tensor:
@@ -264,18 +307,18 @@ class ServingLatticeHead:
         anchor = F.rms_norm(anchor, norm[0], norm[1], norm[2])
 
         a = anchor[:, None, None, :]
-        fused = layout.factor_self(x) + layout.factor_anchor(a)
+        if layout.anchor_heads.packed is None:  # the reference's calls, shapes included
+            (w_anchor, _), (w_out, b_out) = layout.anchor_heads.layers
+            anchor_term, anchor_out = F.linear(a, w_anchor), F.linear(anchor, w_out, b_out)
+        else:
+            anchor_term, anchor_out = layout.anchor_heads.outputs(anchor)
+            anchor_term = anchor_term[:, None, None, :]
+        fused = layout.factor_self(x) + anchor_term
         fused = F.silu(fused + layout.factor_cross(x * a))
 
         eps = cfg.vector_eps
-        if layout.pack:
-            vectors = layout.out_in_head(fused)
-            vectors = F.normalize(vectors.view(*vectors.shape[:-1], 2, -1), dim=-1, eps=eps)
-            out_vec, in_vec = vectors[..., 0, :], vectors[..., 1, :]
-        else:
-            out_vec = F.normalize(layout.out_head(fused), dim=-1, eps=eps)
-            in_vec = F.normalize(layout.in_head(fused), dim=-1, eps=eps)
-        anchor_out = F.normalize(layout.anchor_out_head(anchor), dim=-1, eps=eps)
+        out_vec, in_vec = (F.normalize(v, dim=-1, eps=eps) for v in layout.out_in_head.outputs(fused))
+        anchor_out = F.normalize(anchor_out, dim=-1, eps=eps)
 
         start = (anchor_out[:, None, :] * in_vec[:, 0]).sum(dim=-1)
         pairs = torch.matmul(out_vec[:, :-1], in_vec[:, 1:].transpose(-1, -2))
