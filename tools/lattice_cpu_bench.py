@@ -105,7 +105,6 @@ def bench_batch(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: 
         ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
         args = (inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid)
         start, pairs = head.score(*args)
-        index = greedy_walk(start, pairs)
         cases = {
             "rule.propose (all)": (lambda: ref_rule.propose(inputs), lambda: new_rule.propose(inputs)),
             "top-K candidates": (lambda: topk_candidates_reference(logits, k),
@@ -120,7 +119,6 @@ def bench_batch(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: 
     print(f"  {'stage':<20} {'reference':>10} {'serving':>10} {'ratio':>7}")
     for name, (ref_ms, new_ms) in result.items():
         print(f"  {name:<20} {ref_ms:>10.3f} {new_ms:>10.3f} {ref_ms / new_ms:>6.2f}x")
-    del index
 
 
 def bench_compile(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: int) -> None:
