@@ -1,13 +1,12 @@
-"""Triton lattice walks vs vllm_liliprop.walks and the materialized-pairs reference (interpreted)."""
+"""Triton lattice walks vs vllm_liliprop.walks (interpreted)."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
 from vllm_liliprop import walks  # noqa: E402
-from vllm_liliprop.kernels import reference, triton_walks  # noqa: E402
+from vllm_liliprop.kernels import triton_walks  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 nonfinite = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -26,13 +25,6 @@ def _tied_lattice(batch, num_slots, k, seed):
     pairs = torch.randint(-2, 2, (batch, num_slots - 1, k, k), generator=generator).float()
     pairs[pairs == -2] = -INF
     return start, pairs
-
-
-def _vectors(batch, num_slots, k, dim, seed):
-    generator = torch.Generator().manual_seed(seed)
-    out_vec = F.normalize(torch.randn(batch, num_slots, k, dim, generator=generator), dim=-1)
-    in_vec = F.normalize(torch.randn(batch, num_slots, k, dim, generator=generator), dim=-1)
-    return torch.randn(batch, k, generator=generator), out_vec, in_vec
 
 
 WALKS = [
@@ -99,59 +91,12 @@ def test_viterbi_path_is_at_least_as_good_as_greedy():
     assert (gain >= 0).all() and (gain > 0).any()
 
 
-@pytest.mark.parametrize("batch, num_slots, k", SHAPES)
-def test_vector_walk_matches_materialized_pairs(batch, num_slots, k):
-    start, out_vec, in_vec = _vectors(batch, num_slots, k, dim=48, seed=batch + num_slots + k)
-    path = triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, 8.0, rows_per_program=64)
-    assert path.dtype == torch.int64 and path.shape == (batch, num_slots)
-    assert torch.equal(path, reference.greedy_walk_from_vectors(start, out_vec, in_vec, 8.0))
-
-
-def test_vector_walk_default_launch_tensor_scale_and_chunked_dim():
-    # D = 300 > BLOCK_D: the dot product runs over several chunks, the last one partial.
-    start, out_vec, in_vec = _vectors(3, 15, 16, dim=300, seed=6)
-    scale = torch.tensor(8.0)
-    expected = reference.greedy_walk_from_vectors(start, out_vec, in_vec, 8.0)
-    assert torch.equal(triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, scale), expected)
-    bf16 = out_vec.bfloat16(), in_vec.bfloat16()
-    assert torch.equal(
-        triton_walks.greedy_walk_from_vectors(start, *bf16, 8.0, rows_per_program=16),
-        reference.greedy_walk_from_vectors(start, *bf16, 8.0),
-    )
-
-
-def test_vector_walk_exact_ties_go_to_the_lowest_candidate():
-    # Quarter-integer vectors make every dot product exact; duplicated in-vectors tie exactly.
-    generator = torch.Generator().manual_seed(7)
-    batch, num_slots, k, dim = 32, 15, 8, 16
-    out_vec = torch.randint(-2, 3, (batch, num_slots, k, dim), generator=generator) / 4
-    in_vec = torch.randint(-2, 3, (batch, num_slots, k, dim), generator=generator) / 4
-    in_vec[:, :, 5] = in_vec[:, :, 2]
-    in_vec[:, :, 7] = in_vec[:, :, 0]
-    start = torch.zeros(batch, k)
-    path = triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, 2.0, rows_per_program=32)
-    assert torch.equal(path, reference.greedy_walk_from_vectors(start, out_vec, in_vec, 2.0))
-    assert (path[:, 0] == 0).all() and not (path == 5).any() and not (path == 7).any()
-
-
-@nonfinite
-def test_vector_walk_nan_vectors_follow_torch_argmax():
-    start, out_vec, in_vec = _vectors(4, 15, 8, dim=32, seed=8)
-    in_vec[1, 3, 6, 0] = -NAN  # candidate 6 of slot 3 scores NaN from any predecessor
-    start[2, 4] = NAN
-    path = triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, 8.0, rows_per_program=4)
-    assert torch.equal(path, reference.greedy_walk_from_vectors(start, out_vec, in_vec, 8.0))
-    assert path[1, 3] == 6 and path[2, 0] == 4
-
-
 def test_empty_batch_launches_nothing(forbid_launch):
-    forbid_launch(triton_walks, "_greedy_walk_kernel", "_viterbi_walk_kernel", "_greedy_walk_from_vectors_kernel")
+    forbid_launch(triton_walks, "_greedy_walk_kernel", "_viterbi_walk_kernel")
     start, pairs = torch.empty(0, 8), torch.empty(0, 14, 8, 8)
     for kernel in (triton_walks.greedy_walk, triton_walks.viterbi_walk):
         path = kernel(start, pairs)
         assert path.shape == (0, 15) and path.dtype == torch.int64
-    vectors = torch.empty(0, 15, 8, 32)
-    assert triton_walks.greedy_walk_from_vectors(start, vectors, vectors, 8.0).shape == (0, 15)
 
 
 @pytest.mark.parametrize(
@@ -169,16 +114,10 @@ def test_bad_lattice_names_the_field(start, pairs, field):
             kernel(start, pairs)
 
 
-def test_bad_vectors_name_the_field():
-    start, vectors = torch.zeros(2, 4), torch.zeros(2, 5, 4, 8)
-    with pytest.raises(ValueError, match="in_vec"):
-        triton_walks.greedy_walk_from_vectors(start, vectors, torch.zeros(2, 5, 4, 9), 8.0)
-    with pytest.raises(ValueError, match="out_vec"):
-        triton_walks.greedy_walk_from_vectors(start, torch.zeros(3, 5, 4, 8), torch.zeros(3, 5, 4, 8), 8.0)
-    with pytest.raises(ValueError, match="logit_scale"):
-        triton_walks.greedy_walk_from_vectors(start, vectors, vectors, torch.ones(2))
+def test_bad_rows_per_program_is_refused():
+    start, pairs = torch.zeros(2, 4), torch.zeros(2, 5, 4, 4)
     with pytest.raises(ValueError, match="rows_per_program"):
-        triton_walks.greedy_walk_from_vectors(start, vectors, vectors, 8.0, rows_per_program=3)
+        triton_walks.greedy_walk(start, pairs, rows_per_program=3)
 
 
 def test_viterbi_refuses_lattices_beyond_its_register_table():

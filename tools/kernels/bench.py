@@ -9,8 +9,8 @@ Triton time, so > 1 means the kernel is faster. The greedy walk is also timed ag
 in-tree `_selector_walk_kernel` (DFlash2 / LiLiCorr candidate walk), copied out of vLLM's
 source by kernels/upstream_walk.py (no vLLM import; `--upstream-walk DIR` where vLLM is absent).
 
-Problem sizes follow one draft block: B requests, S = 15 drafted slots, K candidates, D-dim
-LiLiCorr vectors; the vocabulary-wide kernels see N = B * S rows of V logits.
+Problem sizes follow one draft block: B requests, S = 15 drafted slots, K candidates; the
+vocabulary-wide kernels see N = B * S rows of V logits.
 Without a CUDA device the Triton columns cannot run; the torch columns are still timed on a
 small problem so the harness itself is exercised.
 """
@@ -61,7 +61,7 @@ def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> flo
     return statistics.median(times)
 
 
-def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> list[Case]:
+def _make_cases(device, dtype, num_slots, k, vocab_size, use_triton) -> list[Case]:
     generator = torch.Generator(device="cpu").manual_seed(0)
 
     def randn(*shape, dtype=torch.float32):
@@ -72,11 +72,6 @@ def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> lis
 
     def lattice(batch):
         return randn(batch, k), randn(batch, num_slots - 1, k, k)
-
-    def vectors(batch):
-        out_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
-        in_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
-        return randn(batch, k), out_vec, in_vec, 8.0
 
     log_prior = torch.log_softmax(randn(vocab_size), dim=0)
 
@@ -96,8 +91,6 @@ def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> lis
         Case("topk_candidates", lambda b: (vocab_rows(b), k), torch_topk_candidates,
              triton_topk and triton_topk.topk_candidates),
         Case("greedy_walk", lattice, torch_greedy_walk, triton_walks and triton_walks.greedy_walk),
-        Case("greedy_walk_from_vectors", vectors, reference.greedy_walk_from_vectors,
-             triton_walks and triton_walks.greedy_walk_from_vectors),
         Case("viterbi_walk", lattice, torch_viterbi_walk, triton_walks and triton_walks.viterbi_walk),
         Case("dels_argmax", dels_inputs, reference.dels_argmax, triton_dels and triton_dels.dels_argmax),
         Case("dels_fuse_at_candidates", dels_candidate_inputs, reference.dels_fuse_at_candidates,
@@ -146,10 +139,10 @@ def run(args) -> None:
     if not compile_torch:
         print("NOTE: torch.compile skipped (--no-compile, or --quick on CPU where inductor's C++ "
               "build takes about a minute per function).")
-    print(f"device={device} dtype={args.dtype} S={args.slots} K={args.k} V={args.vocab} D={args.dim} "
+    print(f"device={device} dtype={args.dtype} S={args.slots} K={args.k} V={args.vocab} "
           f"warmup={args.warmup} iters={args.iters}; times in ms (median), ratios = reference / Triton")
 
-    cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, args.dim, use_triton)
+    cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, use_triton)
     selector_walk = _vllm_selector_walk(args.upstream_walk) if use_triton else None
     for case in cases:
         print(f"\n{case.name}")
@@ -186,9 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--slots", type=int, default=15, help="drafted slots S (block 16 -> 15)")
     parser.add_argument("--k", type=int, default=8, help="candidates K per slot")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size V")
-    parser.add_argument("--dim", type=int, default=None, help="LiLiCorr vector dim D")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of logits and vectors (lattice scores are fp32)")
+                        help="dtype of the logits (lattice scores are fp32)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
@@ -199,7 +191,6 @@ def main(argv=None) -> int:
     quick = args.quick
     args.batches = args.batches or ([1, 8] if quick else [1, 8, 32, 64])
     args.vocab = args.vocab or (4096 if quick else 151_936)
-    args.dim = args.dim or (64 if quick else 1024)
     args.warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
     args.iters = args.iters if args.iters is not None else (5 if quick else 50)
     run(args)

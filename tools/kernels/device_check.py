@@ -24,7 +24,7 @@ from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candida
 from vllm_liliprop.kernels import reference, triton_dels, triton_topk, triton_walks
 
 
-def _cases(num_slots: int, k: int, vocab_size: int, dim: int, device: torch.device):
+def _cases(num_slots: int, k: int, vocab_size: int, device: torch.device):
     """(name, make_inputs(batch, generator) -> args, triton_fn, torch_fn, exact outputs mask)."""
 
     def randn(generator, *shape, dtype=torch.float32):
@@ -35,11 +35,6 @@ def _cases(num_slots: int, k: int, vocab_size: int, dim: int, device: torch.devi
 
     def lattice(batch, g):
         return randn(g, batch, k), randn(g, batch, num_slots - 1, k, k)
-
-    def vectors(batch, g):
-        out_vec = torch.nn.functional.normalize(randn(g, batch, num_slots, k, dim), dim=-1)
-        in_vec = torch.nn.functional.normalize(randn(g, batch, num_slots, k, dim), dim=-1)
-        return randn(g, batch, k), out_vec.bfloat16(), in_vec.bfloat16(), 8.0
 
     def dels(batch, g):
         rows = batch * num_slots
@@ -54,8 +49,6 @@ def _cases(num_slots: int, k: int, vocab_size: int, dim: int, device: torch.devi
     return [
         ("topk_candidates", topk_inputs, triton_topk.topk_candidates, torch_topk_candidates),
         ("greedy_walk", lattice, triton_walks.greedy_walk, walks.greedy_walk),
-        ("greedy_walk_from_vectors", vectors, triton_walks.greedy_walk_from_vectors,
-         reference.greedy_walk_from_vectors),
         ("viterbi_walk", lattice, triton_walks.viterbi_walk, walks.viterbi_walk),
         ("dels_argmax", dels, triton_dels.dels_argmax, reference.dels_argmax),
         ("dels_fuse_at_candidates", dels_candidates, triton_dels.dels_fuse_at_candidates,
@@ -103,7 +96,7 @@ def run(args) -> bool:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     failures = 0
-    for name, make_inputs, triton_fn, torch_fn in _cases(args.slots, args.k, args.vocab, args.dim, device):
+    for name, make_inputs, triton_fn, torch_fn in _cases(args.slots, args.k, args.vocab, device):
         for batch in args.batches:
             generator = torch.Generator().manual_seed(batch)
             inputs = make_inputs(batch, generator)
@@ -139,7 +132,6 @@ def main(argv=None) -> int:
     args.batches = [1, 3] if args.quick else [1, 8, 32, 64]
     args.slots, args.k = 15, 8
     args.vocab = 1000 if args.quick else 151_936
-    args.dim = 64 if args.quick else 1024
     return 0 if run(args) else 1
 
 

@@ -9,9 +9,6 @@ inside the CUDA branch).
         reference: vllm_liliprop.heads.candidates.topk_candidates
     greedy_walk(start [B, K], pairs [B, S-1, K, K]) -> path [B, S] int64
         reference: vllm_liliprop.walks.greedy_walk
-    greedy_walk_from_vectors(start [B, K], out_vec [B, S, K, D], in_vec [B, S, K, D],
-                             logit_scale) -> path [B, S] int64
-        reference: vllm_liliprop.kernels.reference.greedy_walk_from_vectors
     viterbi_walk(start [B, K], pairs [B, S-1, K, K]) -> path [B, S] int64
         reference: vllm_liliprop.walks.viterbi_walk
     dels_argmax(long [N, V], short [N, V], log_prior [V], alpha, beta) -> ids [N] int64
@@ -50,7 +47,6 @@ __all__ = [
     "dels_argmax",
     "dels_fuse_at_candidates",
     "greedy_walk",
-    "greedy_walk_from_vectors",
     "topk_candidates",
     "triton_available",
     "viterbi_walk",
@@ -85,18 +81,6 @@ def greedy_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
     from vllm_liliprop import walks
 
     return walks.greedy_walk(start, pairs)
-
-
-def greedy_walk_from_vectors(
-    start: torch.Tensor, out_vec: torch.Tensor, in_vec: torch.Tensor, logit_scale
-) -> torch.Tensor:
-    if _use_triton(start):
-        from vllm_liliprop.kernels import triton_walks
-
-        return triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, logit_scale)
-    from vllm_liliprop.kernels import reference
-
-    return reference.greedy_walk_from_vectors(start, out_vec, in_vec, logit_scale)
 
 
 def viterbi_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:

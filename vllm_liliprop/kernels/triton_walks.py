@@ -6,11 +6,6 @@ slot 0, pairs [B, S-1, K, K] scores candidate i of slot s -> candidate j of slot
 greedy_walk: each slot takes the best successor of the previous pick. A step is one K-wide
   row gather and one reduction, so the walk is latency bound: a program handles ROWS requests
   side by side (a [ROWS, K] tile in one warp), which costs the same per step as one request.
-greedy_walk_from_vectors: the same walk, but each row it visits, pairs[b, s, pick, :], is
-  computed on the fly as logit_scale * <out_vec[b, s, pick], in_vec[b, s+1, :]>. Only those
-  S-1 rows of K dot products are computed (and only the picked out-vectors are read);
-  [B, S-1, K, K] is never materialized. Each step streams K x D in-vectors, so by default a
-  program walks one request, spreading the reads over as many SMs as there are requests.
 viterbi_walk: the exact maximizer of start[j0] + sum_s pairs[s, j_s, j_{s+1}], computed the
   way the torch reference computes it: a backward pass builds best-to-go[s, j] (kept in
   registers, ROWS x S x K fp64), then a forward pass commits each slot to the lowest index
@@ -19,7 +14,7 @@ viterbi_walk: the exact maximizer of start[j0] + sum_s pairs[s, j_s, j_{s+1}], c
 
 Ties: lowest index. NaN: torch.argmax order (NaN above every number, lowest NaN first); in
 Viterbi a NaN reachable downstream of a candidate makes its best-to-go NaN, as torch.amax does.
-Scores of any float dtype are upcast in the kernel (fp32 for the greedy walks, which an exact
+Scores of any float dtype are upcast in the kernel (fp32 for the greedy walk, which an exact
 upcast cannot reorder; fp64 for Viterbi). Paths are int64 [B, S].
 """
 
@@ -64,67 +59,6 @@ def _greedy_walk_kernel(
         keys = tl.where(mask, selection_key(scores.to(tl.float32), lane), KEY_NONE)
         pick = key_index(tl.reduce(keys, 1, MAX))
         tl.store(path_ptr + b * num_slots + s, pick, mask=b < batch)
-
-
-@triton.jit
-def _greedy_walk_from_vectors_kernel(
-    start_ptr,
-    start_stride_b,
-    start_stride_k,
-    out_ptr,
-    out_stride_b,
-    out_stride_s,
-    out_stride_k,
-    out_stride_d,
-    in_ptr,
-    in_stride_b,
-    in_stride_s,
-    in_stride_k,
-    in_stride_d,
-    logit_scale,  # fp32 scalar, or a pointer to one element when SCALE_IS_TENSOR
-    path_ptr,  # [B, S] int64
-    batch,
-    num_slots,
-    dim,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    ROWS: tl.constexpr,
-    SCALE_IS_TENSOR: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    in_batch = b < batch
-    lane = tl.arange(0, BLOCK_K)[None, :]
-    mask = in_batch[:, None] & (lane < K)
-    if SCALE_IS_TENSOR:
-        scale = tl.load(logit_scale).to(tl.float32)
-    else:
-        scale = logit_scale
-
-    scores = tl.load(start_ptr + b[:, None] * start_stride_b + lane * start_stride_k, mask=mask, other=0.0)
-    keys = tl.where(mask, selection_key(scores.to(tl.float32), lane), KEY_NONE)
-    pick = key_index(tl.reduce(keys, 1, MAX))
-    tl.store(path_ptr + b * num_slots, pick, mask=in_batch)
-
-    d_lane = tl.arange(0, BLOCK_D)
-    for s in range(1, num_slots):
-        out_rows = out_ptr + b * out_stride_b + (s - 1) * out_stride_s + pick * out_stride_k  # [ROWS]
-        in_rows = in_ptr + b[:, None] * in_stride_b + s * in_stride_s + lane * in_stride_k  # [ROWS, K]
-        dots = tl.zeros([ROWS, BLOCK_K], tl.float32)
-        for d0 in range(0, dim, BLOCK_D):
-            d = d0 + d_lane
-            out_mask = in_batch[:, None] & (d < dim)[None, :]
-            out_vec = tl.load(out_rows[:, None] + d[None, :] * out_stride_d, mask=out_mask, other=0.0)
-            in_vecs = tl.load(
-                in_rows[:, :, None] + d[None, None, :] * in_stride_d,
-                mask=mask[:, :, None] & (d < dim)[None, None, :],
-                other=0.0,
-            )
-            products = in_vecs.to(tl.float32) * out_vec.to(tl.float32)[:, None, :]
-            dots += tl.reduce(products, 2, SUM)
-        keys = tl.where(mask, selection_key(scale * dots, lane), KEY_NONE)
-        pick = key_index(tl.reduce(keys, 1, MAX))
-        tl.store(path_ptr + b * num_slots + s, pick, mask=in_batch)
 
 
 @triton.jit
@@ -246,76 +180,6 @@ def greedy_walk(
         BLOCK_K=block_k,
         ROWS=rows,
         num_warps=1,
-    )
-    return path
-
-
-def greedy_walk_from_vectors(
-    start: torch.Tensor,
-    out_vec: torch.Tensor,
-    in_vec: torch.Tensor,
-    logit_scale,
-    *,
-    rows_per_program: int | None = None,
-) -> torch.Tensor:
-    """Greedy walk over pairs[b, s, i, j] = logit_scale * <out_vec[b, s, i], in_vec[b, s+1, j]>.
-
-    start [B, K]; out_vec, in_vec [B, S, K, D] (any float dtype, any strides; dot products
-    accumulate in fp32); logit_scale: a float or a 1-element tensor on the same device.
-    Returns path [B, S] int64. out_vec[:, S-1] and in_vec[:, 0] are never read.
-    """
-    check_tensor("start", start, 2)
-    check_tensor("out_vec", out_vec, 4)
-    check_tensor("in_vec", in_vec, 4)
-    check_same_device(start=start, out_vec=out_vec, in_vec=in_vec, logit_scale=logit_scale)
-    batch, k = start.shape
-    if k < 1:
-        raise ValueError(f"start must be [B, K] with K >= 1, got shape {tuple(start.shape)}")
-    if out_vec.shape != in_vec.shape:
-        raise ValueError(
-            f"out_vec and in_vec must have the same shape [B, S, K, D], got "
-            f"{tuple(out_vec.shape)} and {tuple(in_vec.shape)}"
-        )
-    check_dim("out_vec", out_vec, 0, batch, "start.shape[0] (B)")
-    check_dim("out_vec", out_vec, 2, k, "start.shape[1] (K)")
-    num_slots, dim = out_vec.shape[1], out_vec.shape[3]
-    if num_slots < 1 or dim < 1:
-        raise ValueError(f"out_vec must have S >= 1 and D >= 1, got shape {tuple(out_vec.shape)}")
-    if isinstance(logit_scale, torch.Tensor):
-        if logit_scale.numel() != 1:
-            raise ValueError(
-                f"logit_scale must be a float or a 1-element tensor, got shape {tuple(logit_scale.shape)}"
-            )
-        scale_arg, scale_is_tensor = logit_scale, True
-    else:
-        scale_arg, scale_is_tensor = float(logit_scale), False
-
-    path = torch.empty(batch, num_slots, dtype=torch.int64, device=start.device)
-    if batch == 0:
-        return path
-    block_k = triton.next_power_of_2(k)
-    # One request per program by default: each step streams K x D in-vectors, so more
-    # programs means more SMs pulling memory; the [rows, K, BLOCK_D] tile stays <= 4096.
-    rows = _rows_per_program(rows_per_program, batch, default=1)
-    block_d = max(16, min(triton.next_power_of_2(dim), 4096 // (rows * block_k)))
-    _greedy_walk_from_vectors_kernel[(triton.cdiv(batch, rows),)](
-        start,
-        *start.stride(),
-        out_vec,
-        *out_vec.stride(),
-        in_vec,
-        *in_vec.stride(),
-        scale_arg,
-        path,
-        batch,
-        num_slots,
-        dim,
-        K=k,
-        BLOCK_K=block_k,
-        BLOCK_D=block_d,
-        ROWS=rows,
-        SCALE_IS_TENSOR=scale_is_tensor,
-        num_warps=4,
     )
     return path
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from vllm_liliprop.faults import non_finite_rows
+from vllm_liliprop.heads.candidates import topk_candidates_reference
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.heads.lattice_serving import ServingLatticeHead
 from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput
@@ -28,8 +30,28 @@ class Lattice:
 def walk_faults(start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """[B] bool: NaN/+inf anywhere in the scores the walk ran on, or a walked path that scores
     -inf or NaN (`faults.non_finite_rows`). Pass the scores the walk saw, terms added by the
-    rule included (lattice+DeLS), since those are where a head's fault shows up."""
+    rule included (lattice+DeLS), since those are where a head's fault shows up.
+
+    The path's terms are checked one by one (`chosen_scores`, one gather) rather than summed:
+    the same rows. With no NaN/+inf in the scores (else the row is flagged either way), every
+    term is finite or -inf, and their float64 sum (`path_score`, which cannot overflow for
+    fp32 terms) is -inf exactly when some term is."""
+    return non_finite_rows(start, pairs, chosen=chosen_scores(start, pairs, index))
+
+
+def walk_faults_reference(start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`walk_faults` on the float64 path score, as first written (tests compare the two)."""
     return non_finite_rows(start, pairs, chosen=path_score(start, pairs, index))
+
+
+def chosen_scores(start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B, S]: the terms of the walked path's score, start[b, i_0], pairs[b, s, i_s, i_{s+1}]."""
+    first = start.gather(1, index[:, :1])
+    if index.shape[1] == 1:
+        return first
+    k = start.shape[1]
+    steps = pairs.flatten(2).gather(2, (index[:, :-1] * k + index[:, 1:]).unsqueeze(-1))
+    return torch.cat([first, steps.squeeze(-1).to(first.dtype)], dim=1)
 
 
 def sampling_temperature(inputs: DraftInputs, sampling: str) -> torch.Tensor | None:
@@ -65,14 +87,24 @@ def load_lattice_head(resources) -> LatticeHead:
 
 
 class LatticeRule:
+    """Top-K candidates, the lattice head's scores, a walk.
+
+    Served through `ServingLatticeHead`, the fast top-K path and the one-gather fault test;
+    `reference=True` runs the path as first written (`LatticeHead.score`,
+    `topk_candidates_reference` on CPU, `walk_faults_reference`): the same drafts, kept for the
+    tests and tools/lattice_cpu_bench.py to compare against.
+    """
+
     needs_anchor_hidden = True
 
     def __init__(self, head: LatticeHead, vocab_size: int, walk: str = "greedy",
-                 sampling: str = "deterministic"):
+                 sampling: str = "deterministic", reference: bool = False):
         self.head = head
         self.vocab_size = vocab_size
         self.walk = walk
         self.sampling = sampling
+        self.reference = reference
+        self.scorer = None if reference else ServingLatticeHead(head)
         self.name = f"lattice-{walk}" + ("-sampled" if sampling == "probabilistic" else "")
 
     @classmethod
@@ -84,12 +116,27 @@ class LatticeRule:
     def lattice(self, inputs: DraftInputs) -> Lattice:
         b, s, h = inputs.hidden.shape
         k = self.head.config.candidate_topk
-        ids, log_probs = topk_candidates(inputs.long_logits().view(b * s, -1), k)
+        logits = inputs.long_logits().view(b * s, -1)
+        if self.reference and not logits.is_cuda:
+            ids, log_probs = topk_candidates_reference(logits, k)
+        else:
+            ids, log_probs = topk_candidates(logits, k)
         ids, log_probs = ids.view(b, s, k), log_probs.view(b, s, k)
-        start, pairs = self.head.score(
+        score = self.head.score if self.scorer is None else self.scorer.score
+        start, pairs = score(
             inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
         )
         return Lattice(ids, start, pairs)
+
+    def walk_faults(self, start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return (walk_faults_reference if self.reference else walk_faults)(start, pairs, index)
+
+    def draft_output(self, lattice: Lattice, index: torch.Tensor, faulty: torch.Tensor,
+                     probs: torch.Tensor | None = None) -> DraftOutput:
+        """The block of a walked lattice: each slot's chosen candidate, with the drafter's
+        argmax (the top-1 candidates) as the faulty rows' fallback."""
+        token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+        return DraftOutput(token_ids, probs, faulty, lattice.top1_ids())
 
     def walk_scores(self, inputs: DraftInputs, lattice: Lattice):
         """(start, pairs) the walk maximizes; the DeLS combination adds its terms here."""
@@ -110,5 +157,4 @@ class LatticeRule:
             index = viterbi_walk(start, pairs)
         else:
             index = greedy_walk(start, pairs)
-        token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, probs, walk_faults(start, pairs, index), lattice.top1_ids())
+        return self.draft_output(lattice, index, self.walk_faults(start, pairs, index), probs)

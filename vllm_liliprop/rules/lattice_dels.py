@@ -25,8 +25,8 @@ from vllm_liliprop.rules.lattice import LatticeRule, load_lattice_head
 
 class LatticeDelsRule(LatticeRule):
     def __init__(self, head, vocab_size, short_head, log_prior, alpha, beta, prefix_len,
-                 walk="greedy", sampling="deterministic"):
-        super().__init__(head, vocab_size, walk, sampling)
+                 walk="greedy", sampling="deterministic", reference=False):
+        super().__init__(head, vocab_size, walk, sampling, reference)
         self.short_head, self.log_prior = short_head, log_prior
         self.alpha = device_schedule(alpha, log_prior)
         self.beta = device_schedule(beta, log_prior)
@@ -70,6 +70,4 @@ class LatticeDelsRule(LatticeRule):
         )
         # The walk checks the steps it took (lattice plus bonus); the rest of the lattice is
         # checked too, as the lattice rule does, so a broken lattice head is flagged either way.
-        faulty = walk_faulty | non_finite_rows(lattice.start, lattice.pairs)
-        token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, None, faulty, lattice.top1_ids())
+        return self.draft_output(lattice, index, walk_faulty | non_finite_rows(lattice.start, lattice.pairs))

@@ -1,0 +1,168 @@
+"""The LiLiCorr rule's CPU cost at the served size, reference path vs serving path, side by side.
+
+Builds the lattice head from the shipped LiLiCorr weights (testbed/smollm2/drafts/lilicorr,
+tensors `lilicorr.*`) in bf16 as the proposer does, and a rule twice: `LatticeRule(...,
+reference=True)` (the path as first written) and the served `LatticeRule`. Each repeat times
+both, interleaved, on the same inputs (drafter hidden states, anchor, full-vocabulary bf16
+logits handed over precomputed: the LM head is its own stage), and checks the drafts are equal.
+Prints the median ms per call of the whole rule (top-K candidates + head + walk + fault test)
+and of its parts, and the ratio.
+
+    source scripts/env.sh && OMP_NUM_THREADS=1 .venv/bin/python -m tools.lattice_cpu_bench \
+        --batch 1 8 --repeats 200
+
+Timings on a shared machine are noisy: only the side-by-side ratios are meant to be read.
+`--compile` also times `torch.compile` of the reference head's score (compile time stated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from vllm_liliprop.heads.candidates import topk_candidates, topk_candidates_reference
+from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.kernels import greedy_walk
+from vllm_liliprop.rules.base import DraftInputs
+from vllm_liliprop.rules.lattice import LatticeRule, walk_faults, walk_faults_reference
+
+DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "drafts" / "lilicorr"
+
+
+def load_head(draft: Path = DRAFT, dtype: torch.dtype = torch.bfloat16) -> LatticeHead:
+    """The shipped head, read as `vllm.proposer.read_head_weights` and `load_lattice_head` do."""
+    from safetensors.torch import load_file
+
+    config_json = json.loads((draft / "config.json").read_text())
+    state = {}
+    for path in sorted(draft.glob("*.safetensors")):
+        for name, value in load_file(str(path)).items():
+            name = name.removeprefix("model.")
+            if name.startswith("lilicorr."):
+                state[name.removeprefix("lilicorr.")] = value
+    block = config_json["dflash_config"].get("block_size", config_json.get("block_size"))
+    config = LatticeConfig.from_dflash_config(
+        config_json["dflash_config"], config_json["hidden_size"], block, config_json["rms_norm_eps"]
+    )
+    head = LatticeHead(config)
+    head.load_state_dict(state, strict=True)
+    return head.to(dtype=dtype).eval()
+
+
+def make_inputs(head: LatticeHead, batch: int, slots: int, vocab: int, seed: int = 0) -> DraftInputs:
+    g = torch.Generator().manual_seed(seed)
+    hm = head.config.model_hidden_size
+    dtype = head.slot_embedding.dtype
+    embed = torch.nn.Embedding(vocab, hm).to(dtype)
+    with torch.no_grad():
+        embed.weight.normal_(0.0, 0.05, generator=g)
+    # bf16 logits as the LM head returns them (full of exact ties), handed over precomputed.
+    logits = (torch.randn(batch * slots, vocab, generator=g) * 3).to(dtype)
+    return DraftInputs(
+        hidden=torch.randn(batch, slots, hm, generator=g).to(dtype),
+        anchor_ids=torch.zeros(batch, dtype=torch.long),
+        compute_logits=lambda h: logits,
+        embed=embed,
+        anchor_hidden=torch.randn(batch, hm, generator=g).to(dtype),
+        anchor_valid=torch.arange(batch) % 4 != 3,
+    )
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def side_by_side(cases: dict[str, tuple], repeats: int, warmup: int = 5) -> dict[str, tuple[float, float]]:
+    """{name: (ref_fn, new_fn)} -> {name: (median ref ms, median new ms)}, interleaved."""
+    times = {name: ([], []) for name in cases}
+    for i in range(warmup + repeats):
+        for name, fns in cases.items():
+            order = (0, 1) if i % 2 == 0 else (1, 0)
+            for j in order:
+                ms = _time(fns[j])
+                if i >= warmup:
+                    times[name][j].append(ms)
+    return {name: (statistics.median(r), statistics.median(n)) for name, (r, n) in times.items()}
+
+
+def bench_batch(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: int) -> None:
+    inputs = make_inputs(head, batch, slots, vocab)
+    ref_rule = LatticeRule(head, vocab, reference=True)
+    new_rule = LatticeRule(head, vocab)
+    k = head.config.candidate_topk
+    with torch.inference_mode():
+        a, b = ref_rule.propose(inputs), new_rule.propose(inputs)
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.faulty_rows, b.faulty_rows)
+        logits = inputs.long_logits().view(batch * slots, -1)
+        ids, log_probs = topk_candidates(logits, k)
+        ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
+        args = (inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid)
+        start, pairs = head.score(*args)
+        cases = {
+            "rule.propose (all)": (lambda: ref_rule.propose(inputs), lambda: new_rule.propose(inputs)),
+            "top-K candidates": (lambda: topk_candidates_reference(logits, k),
+                                 lambda: topk_candidates(logits, k)),
+            "lattice head": (lambda: head.score(*args), lambda: new_rule.scorer.score(*args)),
+            "walk + fault test": (lambda: walk_faults_reference(start, pairs, greedy_walk(start, pairs)),
+                                  lambda: walk_faults(start, pairs, greedy_walk(start, pairs))),
+        }
+        result = side_by_side(cases, repeats)
+    print(f"batch {batch} x {slots} slots, K = {k}, V = {vocab}, threads = {torch.get_num_threads()}, "
+          f"packed GEMMs = {new_rule.scorer.packed}, {repeats} interleaved repeats (median ms)")
+    print(f"  {'stage':<20} {'reference':>10} {'serving':>10} {'ratio':>7}")
+    for name, (ref_ms, new_ms) in result.items():
+        print(f"  {name:<20} {ref_ms:>10.3f} {new_ms:>10.3f} {ref_ms / new_ms:>6.2f}x")
+
+
+def bench_compile(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: int) -> None:
+    inputs = make_inputs(head, batch, slots, vocab)
+    new_rule = LatticeRule(head, vocab)
+    k = head.config.candidate_topk
+    with torch.inference_mode():
+        ids, log_probs = topk_candidates(inputs.long_logits().view(batch * slots, -1), k)
+        ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
+        args = (inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid)
+        compiled = torch.compile(head.score, dynamic=False)
+        t0 = time.perf_counter()
+        got = compiled(*args)
+        compile_s = time.perf_counter() - t0
+        ref = head.score(*args)
+        same = all(torch.equal(x, y) for x, y in zip(got, ref))
+        max_diff = max(float((x - y).abs().max()) for x, y in zip(got, ref))
+        result = side_by_side({"compiled vs serving": (lambda: compiled(*args),
+                                                       lambda: new_rule.scorer.score(*args)),
+                               "eager ref vs compiled": (lambda: head.score(*args), lambda: compiled(*args))},
+                              repeats)
+    print(f"torch.compile(LatticeHead.score), batch {batch}: first call (compile) {compile_s:.1f} s, "
+          f"scores bit-identical to eager: {same} (max |diff| {max_diff:.3g})")
+    for name, (a, b) in result.items():
+        print(f"  {name:<24} {a:>8.3f} {b:>8.3f} ms  ratio {a / b:.2f}x")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--slots", type=int, default=3, help="speculative tokens (served: 3)")
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the head")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    head = load_head()
+    for batch in args.batch:
+        bench_batch(head, batch, args.slots, args.vocab, args.repeats)
+    if args.compile:
+        bench_compile(head, args.batch[0], args.slots, args.vocab, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
