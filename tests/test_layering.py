@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import import_graph
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -94,3 +96,34 @@ def test_runtime_modules_import_without_vllm_at_run_time(module):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_import_graph_has_no_circles():
+    """Module level, with the imports inside functions too, and between subpackages (heads ->
+    kernels -> heads is a circle of layers even when no single module closes it)."""
+    graph = import_graph.build_graph(with_lazy=True)[0]
+    assert import_graph.cycles(import_graph.build_graph()[0]) == []
+    assert import_graph.cycles(graph) == []
+    assert import_graph.cycles(import_graph.package_graph(graph)) == []
+
+
+def test_imports_inside_functions_are_the_deliberate_lazy_ones():
+    assert import_graph.unexpected_lazy_imports(import_graph.build_graph()[1]) == []
+
+
+def test_the_import_graph_sees_a_planted_circle(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("import os\n\ndef f():\n    from pkg.a import g\n")
+    (tmp_path / "pkg" / "c.py").write_text("from pkg.sub import leaf\n")
+    (tmp_path / "pkg" / "sub" / "d.py").write_text("import pkg.c\n")
+    graph, lazy = import_graph.build_graph(tmp_path, ("pkg",))
+    assert import_graph.cycles(graph) == []  # the circle closes inside a function only
+    assert lazy == [("pkg.b", 4, "pkg.a")]
+    assert import_graph.unexpected_lazy_imports(lazy) == ["pkg.b:4 imports pkg.a inside a function"]
+    everything = import_graph.build_graph(tmp_path, ("pkg",), with_lazy=True)[0]
+    assert import_graph.cycles(everything) == [["pkg.a", "pkg.b", "pkg.a"]]
+    # pkg.c -> pkg.sub.leaf and pkg.sub.d -> pkg.c: no module circle, a circle of layers.
+    assert import_graph.cycles(import_graph.package_graph(graph)) == [["pkg.c", "pkg.sub", "pkg.c"]]
