@@ -32,13 +32,21 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from training.drafter import DFlashDrafter, DrafterConfig
-from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head
-from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, save_domino_head
+from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior
+from vllm_liliprop.heads.dels_io import DelsConfig, head_structure, load_dels_head, save_dels_head
+from vllm_liliprop.heads.domino import (
+    DOMINO_SUBFOLDER,
+    DominoHead,
+    load_domino_head,
+    save_domino_head,
+)
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 
@@ -63,8 +71,6 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 
 
 def _write(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Path:
-    from safetensors.torch import save_file
-
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES.values())}, got {dtype}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,18 +181,36 @@ def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) ->
     return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
 
 
+def dels_checkpoint_info(head, prior: UnigramPrior, fingerprint: str | None) -> dict[str, Any]:
+    """What a "dels" training checkpoint keeps of its head and prior (`rebuild_dels_head` reads
+    it back): the structure, the prior's log-probabilities and the tokenizer fingerprint."""
+    return {**head_structure(head), "prior_log_probs": prior.log_probs.tolist(),
+            "prior_smoothing": prior.smoothing, "tokenizer_fingerprint": fingerprint}
+
+
+def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, Any]]:
+    """(head, prior, DelsConfig fields) from a "dels" training checkpoint, for export."""
+    info = state["dels"]
+    if info["kind"] == "markov":
+        head = MarkovShortHead(info["vocab_size"], info["rank"])
+    else:
+        # The embedding table is the target's and is not exported; a placeholder of the right
+        # shape stands in for it.
+        head = GRUShortHead(torch.zeros(info["vocab_size"], info["embed_dim"]), info["hidden_size"],
+                            info["rank"], info["rank_activation"])
+    head.load_state_dict(state["modules"]["head"])
+    prior = UnigramPrior(torch.tensor(info["prior_log_probs"]), info["prior_smoothing"])
+    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint")}
+
+
 def resave_dels(source: str | Path, destination: str | Path, embed: torch.Tensor, dtype: torch.dtype) -> Path:
     """Re-save an exported DeLS folder with its head weights in `dtype` (the unigram prior stays
     fp32: low-precision log-probabilities of rare tokens would lose their order)."""
-    from vllm_liliprop.heads.dels_io import load_dels_head
-
     head, prior, config = load_dels_head(source, embed, embed.shape[0])
     return save_dels_head(destination, head.to(dtype), prior, config)
 
 
 def _read(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     config_path = model_dir / "config.json"
     if not config_path.exists():
         raise ValueError(f"{model_dir} has no config.json; pass a draft model directory")
@@ -238,8 +262,6 @@ def load_dspark(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tu
 def load_domino(model_dir: str | Path, embed_weight: torch.Tensor,
                 dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, DominoHead]:
     """Load a Domino draft directory (backbone and the domino/ head over `embed_weight`)."""
-    from vllm_liliprop.heads.domino import load_domino_head
-
     head = load_domino_head(Path(model_dir) / DOMINO_SUBFOLDER, embed_weight, dtype=dtype)
     return load_dflash(model_dir, dtype), head
 
@@ -258,8 +280,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, dtype: torch.
     kind = state.get("kind")
     modules = state["modules"]
     if kind == "dels":
-        from training.train_dels import rebuild_dels_head
-
         head, prior, fields = rebuild_dels_head(state)
         return export_dels(out_dir, head, prior, **fields)
     if kind in ("dspark", "domino"):
