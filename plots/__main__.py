@@ -5,6 +5,11 @@ import sys
 
 import matplotlib
 
+from plots.io import load_results
+from plots.report import write_all
+from plots.select import main_setting, run_rows
+from plots.tables import latex_table, markdown_table
+
 matplotlib.use("Agg")  # files only; never open a window
 
 
@@ -35,14 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--format", choices=["md", "tex"], default="md", help="markdown or LaTeX (default md)")
     args = parser.parse_args(argv)
 
-    # Imported after argument parsing so --help is quick.
-    from plots.io import load_results
-
     try:
         df = load_results(args.results)
         if args.command == "all":
-            from plots.report import write_all
-
             pairs = _parse_pairs(args.decode_pair)
             lossless = None if args.lossless is None else load_results(args.lossless)
             report = write_all(df, args.out, decode_pairs=pairs, source=args.results, lossless=lossless,
@@ -50,9 +50,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {len(report.figures)} figures, {len(report.tables)} tables, "
                   f"skipped {len(report.skipped)}; index: {report.index}")
         else:
-            from plots.select import main_setting, run_rows
-            from plots.tables import latex_table, markdown_table
-
             rows = main_setting(run_rows(df), keep_sweeps=True).rows
             render = markdown_table if args.format == "md" else latex_table
             sys.stdout.write(render(rows, value=args.value))

@@ -33,6 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from tqdm import tqdm
+
+from training.blocks import example_seed
 
 __all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
 
@@ -363,8 +366,6 @@ class Trainer:
     def fit(self, resume: str | Path | bool | None = None) -> list[dict[str, float]]:
         """Train to `total_steps`. resume: a checkpoint path, True (latest in output_dir), or None.
         Returns the per-step logs of this process (also appended to output_dir/metrics.jsonl)."""
-        from tqdm import tqdm
-
         if resume is True:
             resume = self.latest_checkpoint()
         if resume:
@@ -399,6 +400,4 @@ class Trainer:
 
 def seeds_for(indices: Sequence[int], base_seed: int, epoch: int) -> list[int]:
     """Per-example anchor seeds (see training.blocks.example_seed)."""
-    from training.blocks import example_seed
-
     return [example_seed(base_seed, epoch, i) for i in indices]

@@ -18,6 +18,7 @@ small problem so the harness itself is exercised.
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from tools.kernels import upstream_walk
 from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
 from vllm_liliprop.kernels import reference, triton_available
 from vllm_liliprop.walks import greedy_walk as torch_greedy_walk
@@ -109,10 +111,6 @@ def _vllm_selector_walk(source_dir: Path | None):
     """vLLM's greedy candidate walk as fn(start, pairs) -> path [B, S], or None (see
     kernels/upstream_walk.py). From `source_dir` if given, else copied out of the installed
     vLLM (never imported: the bench runs where there is no vLLM)."""
-    import tempfile
-
-    from tools.kernels import upstream_walk
-
     try:
         if source_dir is None:
             source_dir = upstream_walk.export(Path(tempfile.mkdtemp(prefix="upstream_walk_")))

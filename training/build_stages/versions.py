@@ -5,12 +5,13 @@ from __future__ import annotations
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
+import tokenizers
+import torch
+
 __all__ = ["versions"]
 
 
 def versions() -> dict[str, str | None]:
-    import tokenizers
-    import torch
     import transformers
 
     vllm_version = None

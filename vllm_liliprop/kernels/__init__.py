@@ -46,6 +46,10 @@ import importlib.util
 
 import torch
 
+from vllm_liliprop import walks
+from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
+from vllm_liliprop.kernels import reference
+
 __all__ = [
     "dels_argmax",
     "dels_fuse_at_candidates",
@@ -72,8 +76,6 @@ def topk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
         from vllm_liliprop.kernels import triton_topk
 
         return triton_topk.topk_candidates(logits, k)
-    from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
-
     return torch_topk_candidates(logits, k)
 
 
@@ -82,8 +84,6 @@ def greedy_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         from vllm_liliprop.kernels import triton_walks
 
         return triton_walks.greedy_walk(start, pairs)
-    from vllm_liliprop import walks
-
     return walks.greedy_walk(start, pairs)
 
 
@@ -94,8 +94,6 @@ def greedy_walk_from_vectors(
         from vllm_liliprop.kernels import triton_walks
 
         return triton_walks.greedy_walk_from_vectors(start, out_vec, in_vec, logit_scale)
-    from vllm_liliprop.kernels import reference
-
     return reference.greedy_walk_from_vectors(start, out_vec, in_vec, logit_scale)
 
 
@@ -105,8 +103,6 @@ def viterbi_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
 
         if triton_walks.viterbi_fits(num_slots=pairs.shape[1] + 1, k=start.shape[1]):
             return triton_walks.viterbi_walk(start, pairs)
-    from vllm_liliprop import walks
-
     return walks.viterbi_walk(start, pairs)
 
 
@@ -125,8 +121,6 @@ def dels_argmax(long_logits, short_logits, log_prior, alpha, beta) -> torch.Tens
         from vllm_liliprop.kernels import triton_dels
 
         return triton_dels.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
-    from vllm_liliprop.kernels import reference
-
     return reference.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
 
 
@@ -136,6 +130,4 @@ def dels_fuse_at_candidates(long_logits, short_logits, log_prior, alpha, beta, c
         from vllm_liliprop.kernels import triton_dels
 
         return triton_dels.dels_fuse_at_candidates(*args)
-    from vllm_liliprop.kernels import reference
-
     return reference.dels_fuse_at_candidates(*args)
