@@ -21,24 +21,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tools.kernels import upstream_walk
-from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
-from vllm_liliprop.kernels import reference, triton_available
-from vllm_liliprop.walks import greedy_walk as torch_greedy_walk
-from vllm_liliprop.walks import viterbi_walk as torch_viterbi_walk
-
-
-@dataclass
-class Case:
-    name: str
-    make_inputs: Callable[[int], tuple]  # batch -> positional args
-    torch_fn: Callable
-    triton_fn: Callable | None  # None when no CUDA/triton
+from tools.kernels.cases import kernel_cases
+from vllm_liliprop.kernels import triton_available
 
 
 def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> float:
@@ -61,50 +50,6 @@ def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> flo
             fn(*args)
             times.append((time.perf_counter() - began) * 1e3)
     return statistics.median(times)
-
-
-def _make_cases(device, dtype, num_slots, k, vocab_size, dim, use_triton) -> list[Case]:
-    generator = torch.Generator(device="cpu").manual_seed(0)
-
-    def randn(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
-
-    def vocab_rows(batch):
-        return randn(batch * num_slots, vocab_size, dtype=dtype)
-
-    def lattice(batch):
-        return randn(batch, k), randn(batch, num_slots - 1, k, k)
-
-    def vectors(batch):
-        out_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
-        in_vec = torch.nn.functional.normalize(randn(batch, num_slots, k, dim), dim=-1).to(dtype)
-        return randn(batch, k), out_vec, in_vec, 8.0
-
-    log_prior = torch.log_softmax(randn(vocab_size), dim=0)
-
-    def dels_inputs(batch):
-        rows = batch * num_slots
-        alpha = torch.full((rows,), 0.3, device=device)
-        return vocab_rows(batch), vocab_rows(batch), log_prior, alpha, 0.3
-
-    def dels_candidate_inputs(batch):
-        ids = torch.randint(0, vocab_size, (batch * num_slots, k), generator=generator).to(device)
-        return (*dels_inputs(batch), ids)
-
-    triton_topk = triton_walks = triton_dels = None
-    if use_triton:
-        from vllm_liliprop.kernels import triton_dels, triton_topk, triton_walks
-    return [
-        Case("topk_candidates", lambda b: (vocab_rows(b), k), torch_topk_candidates,
-             triton_topk and triton_topk.topk_candidates),
-        Case("greedy_walk", lattice, torch_greedy_walk, triton_walks and triton_walks.greedy_walk),
-        Case("greedy_walk_from_vectors", vectors, reference.greedy_walk_from_vectors,
-             triton_walks and triton_walks.greedy_walk_from_vectors),
-        Case("viterbi_walk", lattice, torch_viterbi_walk, triton_walks and triton_walks.viterbi_walk),
-        Case("dels_argmax", dels_inputs, reference.dels_argmax, triton_dels and triton_dels.dels_argmax),
-        Case("dels_fuse_at_candidates", dels_candidate_inputs, reference.dels_fuse_at_candidates,
-             triton_dels and triton_dels.dels_fuse_at_candidates),
-    ]
 
 
 def _vllm_selector_walk(source_dir: Path | None):
@@ -147,7 +92,8 @@ def run(args) -> None:
     print(f"device={device} dtype={args.dtype} S={args.slots} K={args.k} V={args.vocab} D={args.dim} "
           f"warmup={args.warmup} iters={args.iters}; times in ms (median), ratios = reference / Triton")
 
-    cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, args.dim, use_triton)
+    cases = kernel_cases(args.slots, args.k, args.vocab, args.dim, device, dtype, dels_dtype=dtype)
+    generator = torch.Generator().manual_seed(0)
     selector_walk = _vllm_selector_walk(args.upstream_walk) if use_triton else None
     for case in cases:
         print(f"\n{case.name}")
@@ -156,10 +102,10 @@ def run(args) -> None:
         print(header + ("    vllm  vllm/triton" if with_vllm else ""))
         compiled = torch.compile(case.torch_fn, dynamic=False) if compile_torch else None
         for batch in args.batches:
-            inputs = case.make_inputs(batch)
+            inputs = case.make_inputs(batch, generator)
             triton_ms = eager_ms = compiled_ms = vllm_ms = None
-            if case.triton_fn is not None:
-                triton_ms = _time(case.triton_fn, inputs, args.warmup, args.iters, cuda)
+            if use_triton:
+                triton_ms = _time(case.triton_fn(), inputs, args.warmup, args.iters, cuda)
             eager_ms = _time(case.torch_fn, inputs, args.warmup, args.iters, cuda)
             if compiled is not None:
                 try:
@@ -171,7 +117,7 @@ def run(args) -> None:
                     f"        {_ratio(eager_ms, triton_ms)}           {_ratio(compiled_ms, triton_ms)}")
             if with_vllm:
                 vllm_ms = _time(selector_walk, inputs, args.warmup, args.iters, cuda)
-                agrees = torch.equal(selector_walk(*inputs), case.triton_fn(*inputs))
+                agrees = torch.equal(selector_walk(*inputs), case.triton_fn()(*inputs))
                 line += f" {_format(vllm_ms)}       {_ratio(vllm_ms, triton_ms)}"
                 line += "" if agrees else "  (paths differ!)"
             print(line)

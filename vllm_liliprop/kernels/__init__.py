@@ -16,8 +16,6 @@ inside the CUDA branch).
         reference: vllm_liliprop.walks.viterbi_walk
     dels_argmax(long [N, V], short [N, V], log_prior [V], alpha, beta) -> ids [N] int64
         reference: vllm_liliprop.kernels.reference.dels_argmax
-    dels_fuse_at_candidates(long, short, log_prior, alpha, beta, candidate_ids [N, K])
-        -> fp32 [N, K]; reference: vllm_liliprop.kernels.reference.dels_fuse_at_candidates
 
 Shared numerical contract of the kernels (each module's docstring has the details):
   - accumulation in fp32 (Viterbi path sums in fp64, as its reference);
@@ -52,7 +50,6 @@ from vllm_liliprop.kernels import reference
 
 __all__ = [
     "dels_argmax",
-    "dels_fuse_at_candidates",
     "greedy_walk",
     "greedy_walk_from_vectors",
     "topk_candidates",
@@ -123,11 +120,3 @@ def dels_argmax(long_logits, short_logits, log_prior, alpha, beta) -> torch.Tens
         return triton_dels.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
     return reference.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
 
-
-def dels_fuse_at_candidates(long_logits, short_logits, log_prior, alpha, beta, candidate_ids) -> torch.Tensor:
-    args = (long_logits, short_logits, log_prior, alpha, beta, candidate_ids)
-    if _dels_kernel_layout(long_logits, short_logits):
-        from vllm_liliprop.kernels import triton_dels
-
-        return triton_dels.dels_fuse_at_candidates(*args)
-    return reference.dels_fuse_at_candidates(*args)
