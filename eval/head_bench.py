@@ -306,13 +306,10 @@ class DraftStep:
         context = drafter.context_states(self.new_taps)
         x = F.embedding(self.block_ids, self.models.embed_weight)
         for layer, (k_cache, v_cache) in zip(drafter.layers, self.caches):
-            attn = layer.self_attn
-            new_k, new_v = attn.key_value(context, self.new_cos, self.new_sin)
+            new_k, new_v = layer.self_attn.key_value(context, self.new_cos, self.new_sin)
             k_cache[:, length - self.num_new:] = new_k
             v_cache[:, length - self.num_new:] = new_v
-            h = layer.input_layernorm(x)
-            x = x + attn(h, self.block_cos, self.block_sin, k_cache, v_cache, self.mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, self.block_cos, self.block_sin, k_cache, v_cache, self.mask)
         return drafter.norm(x), context[:, -1]
 
     def lm_head(self, slot_hidden: torch.Tensor) -> torch.Tensor:
