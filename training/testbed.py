@@ -70,14 +70,7 @@ from training.build_stages.jsonl import read_jsonl
 from training.build_stages.measure import measure_stage
 from training.build_stages.regenerate import regenerate_stage
 from training.build_stages.suites import TIERS, continuation_entropies, entropy_tiers, suites_stage
-from training.build_stages.target import (
-    build_tokenizer,
-    heldout_loss,
-    load_target,
-    load_tokenizer,
-    target_stage,
-    tokenizer_stage,
-)
+from training.build_stages.target import heldout_loss, load_target, load_tokenizer, target_stage, tokenizer_stage
 from training.build_stages.tokenization import tokenize_stage
 from training.build_stages.versions import versions
 from training.data import TokenizedDataset, read_jsonl_conversations
@@ -91,7 +84,6 @@ __all__ = [
     "split_corpus",
     "code_windows",
     "function_requests",
-    "build_tokenizer",
     "heldout_loss",
     "continuation_entropies",
     "entropy_tiers",
