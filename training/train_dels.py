@@ -39,7 +39,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from training.blocks import build_blocks, sample_anchors
+from training.blocks import block_windows, build_blocks, sample_anchors
 from training.data import TokenizedDataset, collate
 from training.export import dels_checkpoint_info, export_dels, load_dflash
 from training.features import OnlineFeatures, frozen_target_weights
@@ -104,8 +104,7 @@ class ShortHeadObjective(nn.Module):
             anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
             _, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, self.block_size, 0)
             # The head consumes the anchor and then the true tokens of the block.
-            positions = anchors.unsqueeze(-1) + torch.arange(self.block_size - 1, device=anchors.device)
-            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            window = block_windows(input_ids, anchors, self.block_size - 1)
             window, targets, slot_mask = window[valid], targets[valid], slot_mask[valid]
             total = self._chunked(window, targets, slot_mask, self.head)
             count = slot_mask.sum()
@@ -140,8 +139,7 @@ class FusionObjective(nn.Module):
             context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
             hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
             long_logits = F.linear(hidden[:, :, 1:][valid], self.lm_head_weight).float()
-            positions = anchors.unsqueeze(-1) + torch.arange(cfg.block_size - 1, device=anchors.device)
-            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            window = block_windows(input_ids, anchors, cfg.block_size - 1)
             short_logits = self.head(window[valid]).float()
         targets, slot_mask = targets[valid], slot_mask[valid]
         fused = dels_fuse(long_logits, short_logits, self.log_prior, self.alpha, self.beta)
