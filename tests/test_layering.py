@@ -127,3 +127,13 @@ def test_the_import_graph_sees_a_planted_circle(tmp_path):
     assert import_graph.cycles(everything) == [["pkg.a", "pkg.b", "pkg.a"]]
     # pkg.c -> pkg.sub.leaf and pkg.sub.d -> pkg.c: no module circle, a circle of layers.
     assert import_graph.cycles(import_graph.package_graph(graph)) == [["pkg.c", "pkg.sub", "pkg.c"]]
+
+
+def test_heads_walks_and_faults_are_pure_torch():
+    """The bottom layer imports only itself: a head that reached for a kernel dispatcher or a
+    rule would put drafting logic among the heads (ARCHITECTURE.md)."""
+    pure = ("vllm_liliprop.heads", "vllm_liliprop.walks", "vllm_liliprop.faults")
+    graph = import_graph.build_graph(with_lazy=True)[0]
+    found = [f"{module} imports {target}" for module, targets in sorted(graph.items())
+             if module.startswith(pure) for target in sorted(targets) if not target.startswith(pure)]
+    assert found == []
