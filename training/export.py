@@ -41,12 +41,7 @@ from training.drafter import DFlashDrafter, DrafterConfig
 from vllm_liliprop.checkpoints import read_checkpoint, write_checkpoint
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior
 from vllm_liliprop.heads.dels_io import DelsConfig, head_structure, load_dels_head, save_dels_head
-from vllm_liliprop.heads.domino import (
-    DOMINO_SUBFOLDER,
-    DominoHead,
-    load_domino_head,
-    save_domino_head,
-)
+from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, load_domino_head, save_domino_head
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 

@@ -45,12 +45,7 @@ import torch
 from training.data import TokenizedDataset, collate, training_vocabulary
 from training.drafter import DFlashDrafter, DrafterConfig
 from training.export import (
-    export_dflash,
-    export_domino,
-    export_dspark,
-    export_lilicorr,
-    load_dflash,
-    load_lilicorr,
+    export_dflash, export_domino, export_dspark, export_lilicorr, load_dflash, load_lilicorr
 )
 from training.features import CachedFeatures, OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights

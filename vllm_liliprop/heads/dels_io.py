@@ -51,12 +51,8 @@ from safetensors.torch import load_file, save_file
 
 from vllm_liliprop.faults import check_loaded_weights
 from vllm_liliprop.heads.dels import (
-    RANK_ACTIVATIONS,
-    GRUShortHead,
-    MarkovShortHead,
-    UnigramPrior,
-    check_fusion_weight,
-    slot_weights,
+    RANK_ACTIVATIONS, GRUShortHead, MarkovShortHead, UnigramPrior, check_fusion_weight,
+    slot_weights
 )
 
 DELS_FORMAT_VERSION = 1
