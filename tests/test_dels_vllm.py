@@ -112,12 +112,12 @@ def test_dels_gru_head_moves_drafts_off_the_argmax(tiny_models, stock):
     shutil.copytree(tiny_models["draft"], draft)
     attach_random_gru_head(draft, tiny_models["target"])
     records = []
-    ids, counters, drafter = generate(tiny_models["target"], draft, options={"rule": "dels"},
-                                      prepare=recording(records))
+    ids, _, drafter = generate(tiny_models["target"], draft, options={"rule": "dels"},
+                                prepare=recording(records))
     assert drafter.draft_rule.name == "dels" and drafter.num_rule_faults == 0
-    # The fusion moved some drafts off the drafter's argmax, so acceptance differs from stock.
+    # The fusion moved some drafts off the drafter's argmax (on this random drafter none is
+    # accepted either way, so the counters cannot show it).
     assert records and changed_fraction(records) > 0
-    assert counters_list(counters) != stock["dflash"]["counters"]
     assert ids == plain32(stock)
 
 
