@@ -3,6 +3,8 @@
 - vllm_liliprop/ (outside vllm_liliprop/vllm/) imports neither vllm nor training/eval/plots;
 - training/ imports vllm (or the plugin's vllm layer) only inside functions, where it drives
   generation, and never eval or plots;
+- the import graph has no circles, and imports inside functions are the deliberate lazy ones
+  (tools/import_graph.py, which also reads the imports for the checks here);
 - plots/ imports none of vllm, vllm_liliprop, training or eval: it reads result files;
 - every vllm import of the runtime sits in vllm_liliprop/vllm/.
 """
@@ -18,18 +20,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _imports(path: Path):
-    """(module name, line, at module level) for every import in a file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    top_level = {id(node) for node in tree.body}
-    for node in ast.walk(tree):
+    """(module name, line, inside a function) for every absolute import in a file."""
+    for node, in_function in import_graph.import_nodes(path):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
         else:
-            continue
+            names = [node.module] if node.level == 0 and node.module else []
         for name in names:
-            yield name, node.lineno, id(node) in top_level
+            yield name, node.lineno, in_function
 
 
 def _root(name: str) -> str:
@@ -45,9 +43,9 @@ def _violations(folder: str, forbidden: set[str], allow_in_functions: set[str] =
         relative = path.relative_to(REPO_ROOT)
         if skip and str(relative).startswith(skip):
             continue
-        for name, line, top_level in _imports(path):
+        for name, line, in_function in _imports(path):
             root = _root(name)
-            if root in forbidden and not (root in allow_in_functions and not top_level):
+            if root in forbidden and not (root in allow_in_functions and in_function):
                 found.append(f"{relative}:{line} imports {name}")
     return found
 

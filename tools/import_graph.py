@@ -58,6 +58,8 @@ def project_modules(root: Path = REPO_ROOT, packages=PACKAGES) -> dict[str, Path
 
 
 def _named_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """What an absolute import may name: `import a.b` names a.b; `from a import b` names a.b
+    or a (the graph keeps the deepest that is a project module)."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
     if node.level or not node.module:
@@ -74,9 +76,8 @@ def _deepest_known(name: str, modules) -> str | None:
     return None
 
 
-def imports(path: Path):
-    """(imported name, line, inside a function) for every absolute import in a file; for
-    `from a import b`, both `a.b` and `a` (the caller keeps the deepest that exists)."""
+def import_nodes(path: Path):
+    """(ast.Import | ast.ImportFrom, inside a function) for every import statement of a file."""
     tree = ast.parse(path.read_text(), filename=str(path))
 
     def visit(node, in_function):
@@ -86,8 +87,7 @@ def imports(path: Path):
             yield from visit(child, in_function or isinstance(
                 child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
-    for node, in_function in visit(tree, False):
-        yield _named_modules(node), node.lineno, in_function
+    yield from visit(tree, False)
 
 
 def build_graph(root: Path = REPO_ROOT, packages=PACKAGES, with_lazy: bool = False):
@@ -98,7 +98,8 @@ def build_graph(root: Path = REPO_ROOT, packages=PACKAGES, with_lazy: bool = Fal
     graph: dict[str, set[str]] = {name: set() for name in modules}
     lazy = []
     for name, path in modules.items():
-        for named, line, in_function in imports(path):
+        for node, in_function in import_nodes(path):
+            named, line = _named_modules(node), node.lineno
             targets = {_deepest_known(n, modules) for n in named} - {None}
             if in_function:
                 lazy.append((name, line, max(targets, key=len) if targets else named[-1]))
