@@ -13,6 +13,31 @@ WEIGHTS_NAME = "model.safetensors"
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+def dflash_weight_shapes(hidden: int, intermediate: int, num_layers: int, num_heads: int,
+                         num_kv_heads: int, head_dim: int, num_taps: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of a DFlash draft checkpoint under vLLM's `DFlashDraftModel` names (the
+    embeddings and LM head are the target's, omitted) and their shapes; the 1-D ones are norms.
+    training.drafter.DFlashDrafter's state dict has exactly these (tests/test_training_drafter.py)."""
+    shapes = {"fc.weight": (hidden, hidden * num_taps), "hidden_norm.weight": (hidden,),
+              "norm.weight": (hidden,)}
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (num_heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": (num_kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (num_kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": (hidden, num_heads * head_dim),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate_proj.weight": (intermediate, hidden),
+            p + "mlp.up_proj.weight": (intermediate, hidden),
+            p + "mlp.down_proj.weight": (hidden, intermediate),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        })
+    return shapes
+
+
 def write_checkpoint(out_dir: str | Path, config: dict, tensors: dict[str, torch.Tensor],
                      dtype: torch.dtype) -> Path:
     """config.json (with the weights' dtype named) and model.safetensors (floating tensors in
