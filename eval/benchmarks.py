@@ -240,8 +240,6 @@ def load_benchmark(name: str, source: str = "local", data_dir: str | Path | None
     """The examples of one benchmark; `limit` keeps the first N of each category group."""
     spec = benchmark_spec(name)
     if source == "hf" and not name.startswith(TESTBED_PREFIX):
-        from eval.hub import load_hub_rows
-
         rows = [(f"{spec.hub.repo} ({spec.hub.config or spec.hub.data_files or 'default'})", i, r)
                 for i, r in enumerate(load_hub_rows(spec.hub))]
     elif source in ("local", "hf"):
@@ -254,6 +252,32 @@ def load_benchmark(name: str, source: str = "local", data_dir: str | Path | None
         raise DataError(f"benchmark {name!r} has no rows ({rows and rows[0][0] or 'no file'})")
     _check_unique_ids(examples, name)
     return apply_limit(examples, spec, limit)
+
+
+def load_hub_rows(source: HubSource) -> list[dict]:
+    """The rows of a benchmark on the Hugging Face hub (`--source hf`; needs network). Gated
+    datasets (SPEED-Bench) need an accepted license and a token (`huggingface-cli login` or
+    HF_TOKEN); SPEED-Bench rows whose prompts are placeholders for text from licensed sources
+    must be materialized with SPEED-Bench's own preparation step first."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("--source hf needs the `datasets` package: pip install datasets") from None
+    try:
+        if source.data_files:
+            dataset = datasets.load_dataset(
+                "json", data_files=f"hf://datasets/{source.repo}/{source.data_files}",
+                split=source.split,
+            )
+        else:
+            dataset = datasets.load_dataset(source.repo, source.config, split=source.split)
+    except Exception as exc:  # network, auth and format errors all surface here
+        raise DataError(
+            f"could not load {source.repo} (config {source.config or source.data_files or 'default'}, "
+            f"split {source.split}) from the hub: {exc}. Check the network and your HF token, or "
+            "use --source local with --data-dir (see eval/README.md)"
+        ) from None
+    return [dict(row) for row in dataset]
 
 
 def local_files(name: str, data_dir: str | Path | None) -> list[Path]:

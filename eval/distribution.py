@@ -12,9 +12,10 @@ tokens' distribution drives p towards 0. AR's samples use seeds 0..N-1, each sys
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
+
+from eval.prompts import PromptRenderer
 
 
 def chi_square_p(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], min_count: int = 10) -> float:
@@ -39,7 +40,6 @@ def sample_tuples(engine, render, prompt: str, samples: int, tokens: int, first_
 
 def distribution_check(target: str, systems, prompt: str, engine_flags: dict, samples: int = 1500,
                        tokens: int = 3, concurrency: int = 64, log=print) -> list[dict]:
-    from eval.prompts import PromptRenderer
     from vllm_liliprop.vllm import offline
 
     from transformers import AutoTokenizer
@@ -60,19 +60,3 @@ def distribution_check(target: str, systems, prompt: str, engine_flags: dict, sa
         log(f"{system.name}: chi-square p = {p:.3g} over {samples} samples of {tokens} tokens "
             f"(tau {counters.tau:.2f})")
     return rows
-
-
-def main_args(args) -> int:
-    from eval.benchmarks import load_benchmark
-    from eval.cli import engine_flags_from_args
-    from eval.systems import BASELINE, load_systems, select_systems
-
-    variables = dict(v.split("=", 1) for v in args.var)
-    catalog = load_systems(args.systems, variables)
-    names = [BASELINE] + [n for n in (args.only or []) if n != BASELINE]
-    systems = select_systems(catalog, names)
-    example = load_benchmark(args.benchmark, data_dir=args.data_dir, limit=1)[0]
-    rows = distribution_check(args.target, systems, example.turns[0], engine_flags_from_args(args),
-                              args.samples, args.tokens, args.concurrency)
-    print(json.dumps({"benchmark": args.benchmark, "prompt_id": example.id, "rows": rows}, indent=2))
-    return 0

@@ -75,13 +75,10 @@ from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead
 from vllm_liliprop.heads.domino import DominoConfig, DominoHead
 from vllm_liliprop.heads.dspark import MarkovBiasHead
-from vllm_liliprop.heads.dels_rules import (
-    dels_draft,
-    greedy_walk_with_short_head,
-    lattice_dels_terms_markov,
-)
+from vllm_liliprop.heads.dels_rules import greedy_walk_with_short_head, lattice_dels_terms_markov
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 from vllm_liliprop.heads.sequential import sequential_draft
+from vllm_liliprop.rules.dels_draft import dels_draft
 
 BLOCK_SIZE = 16
 NUM_SLOTS = BLOCK_SIZE - 1
@@ -309,13 +306,10 @@ class DraftStep:
         context = drafter.context_states(self.new_taps)
         x = F.embedding(self.block_ids, self.models.embed_weight)
         for layer, (k_cache, v_cache) in zip(drafter.layers, self.caches):
-            attn = layer.self_attn
-            new_k, new_v = attn.key_value(context, self.new_cos, self.new_sin)
+            new_k, new_v = layer.self_attn.key_value(context, self.new_cos, self.new_sin)
             k_cache[:, length - self.num_new:] = new_k
             v_cache[:, length - self.num_new:] = new_v
-            h = layer.input_layernorm(x)
-            x = x + attn(h, self.block_cos, self.block_sin, k_cache, v_cache, self.mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, self.block_cos, self.block_sin, k_cache, v_cache, self.mask)
         return drafter.norm(x), context[:, -1]
 
     def lm_head(self, slot_hidden: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from eval.results import git_revision
+from vllm_liliprop.heads.dels_io import CONFIG_NAME, DelsConfig, find_dels_dir
 
 HEADS_COLUMNS = ["head", "kind", "position", "alpha", "beta", "weights", "pure_draft_prefix_len", "head_dir",
                  "config_sha256", "tokenizer_fingerprint", "git_rev", "written"]
@@ -58,8 +59,6 @@ def _drafter_positions(head_dir: Path) -> int | None:
 def heads_table(paths: list[str | Path], positions: int | None = None,
                 names: list[str] | None = None) -> pd.DataFrame:
     """Per-position alpha/beta of DeLS head folders (each a head folder or a folder holding dels/)."""
-    from vllm_liliprop.heads.dels_io import CONFIG_NAME, DelsConfig, find_dels_dir
-
     rows, rev, written = [], git_revision(), _now()
     for i, path in enumerate(paths):
         folder = find_dels_dir(path)

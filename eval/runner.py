@@ -25,6 +25,8 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from tqdm import tqdm
+
 from eval.benchmarks import Benchmark, Example, measurement_groups
 from eval.metrics import run_metrics, speedup
 from eval.prompts import PromptRenderer
@@ -175,8 +177,6 @@ class Campaign:
         if any(m.kind == "stage" for m in todo) and not in_process:
             raise ValueError("--stages times the in-process engine: set "
                              "VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole run (every arm alike)")
-        from tqdm import tqdm
-
         from vllm_liliprop.vllm import offline  # imports vLLM: only when there is work
 
         for m in todo:

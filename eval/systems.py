@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_liliprop.heads.dels_io import DEFAULT_FUSION_WEIGHT
+from vllm_liliprop.heads.dels_io import CONFIG_NAME, DelsConfig, find_dels_dir, read_dels_config
 from vllm_liliprop.options import ENV_VAR, OptionError, env_options
 
 BASELINE = "AR"
@@ -99,28 +99,22 @@ class System:
         if not self.uses_dels:
             return math.nan, math.nan
         options = self.options() or {}
-        head = _dels_head_config(self.draft, options.get("dels_path", "dels"))
+        head = None
         out = []
         for key, head_key in (("dels_alpha", "alpha"), ("dels_beta", "beta")):
             value = options.get(key)
-            if value is None:
-                value = head.get(head_key, DEFAULT_FUSION_WEIGHT)  # the head's, else the default
+            if value is None:  # the head's own weight (its config's, or the default)
+                head = head or self._dels_config(options.get("dels_path", "dels"))
+                value = getattr(head, head_key)
             out.append(float(value) if isinstance(value, (int, float)) else math.nan)
         return out[0], out[1]
 
-
-def _dels_head_config(draft: str, dels_path: str) -> dict:
-    path = Path(dels_path)
-    if not path.is_absolute():
-        path = Path(draft) / path
-    for folder in (path, path / "dels"):
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if "liliprop_dels_format" in config:
-            return config
-    return {}
+    def _dels_config(self, dels_path: str) -> DelsConfig:
+        """The config of the DeLS head this system serves, found as the rule finds it (a
+        relative dels_path is inside the draft folder); ValueError if there is none."""
+        path = Path(dels_path)
+        folder = find_dels_dir(path if path.is_absolute() else Path(self.draft) / path)
+        return read_dels_config(folder / CONFIG_NAME)
 
 
 def substitute(value: Any, variables: dict[str, str], where: str) -> Any:

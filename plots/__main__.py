@@ -5,6 +5,13 @@ import sys
 
 import matplotlib
 
+from plots import paper_tables
+from plots.io import load_results
+from plots.records import load_dels_weights, load_training_cost
+from plots.report import write_all
+from plots.select import main_setting, run_rows
+from plots.tables import latex_table, markdown_table, render_latex, render_markdown
+
 matplotlib.use("Agg")  # files only; never open a window
 
 
@@ -48,16 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="KV-cache size in tokens, for the memory-bound (†) flags of concurrency tables")
     args = parser.parse_args(argv)
 
-    # Imported after argument parsing so --help is quick.
-    from plots.io import load_results
-
     try:
         df = load_results(args.results)
         if args.command == "all":
-            from plots.report import write_all
-
-            from plots.records import load_dels_weights, load_training_cost
-
             pairs = _parse_pairs(args.decode_pair)
             lossless = None if args.lossless is None else load_results(args.lossless)
             weights = None if args.dels_weights is None else load_dels_weights(args.dels_weights)
@@ -68,17 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {len(report.figures)} figures, {len(report.tables)} tables, "
                   f"skipped {len(report.skipped)}; index: {report.index}")
         else:
-            from plots.select import main_setting, run_rows
-            from plots.tables import latex_table, markdown_table
-
             if args.kind == "table1":
                 rows = main_setting(run_rows(df), keep_sweeps=True).rows
                 render = markdown_table if args.format == "md" else latex_table
                 sys.stdout.write(render(rows, value=args.value))
             else:
-                from plots import paper_tables
-                from plots.tables import render_latex, render_markdown
-
                 value = args.value if args.value in ("speedup", "tau") else "speedup"
                 if args.kind == "concurrency":  # one table per set of tiers, as `plots all` writes them
                     built = [paper_tables.concurrency_table(df, value, args.kv_cache_tokens, group)

@@ -76,6 +76,33 @@ def generate(target, draft=None, num_spec=7, options=None, prompts=PROMPTS, max_
     return ids, counters, drafter
 
 
+def recording(records: list):
+    """A `generate(prepare=...)` hook keeping what the live rule saw and drafted at each step."""
+    def prepare(drafter):
+        rule = drafter.draft_rule
+        real = rule.propose
+
+        def propose(inputs):
+            output = real(inputs)
+            records.append({"hidden": inputs.hidden.clone(), "anchor": inputs.anchor_ids.clone(),
+                            "ids": output.token_ids.clone(), "faulty": _copy(output.faulty_rows),
+                            "argmax": _copy(output.fallback_ids)})
+            return output
+
+        rule.propose = propose
+    return prepare
+
+
+def _copy(tensor):
+    return None if tensor is None else tensor.clone()
+
+
+def changed_fraction(records) -> float:
+    """The fraction of drafted slots where the rule's draft is not the drafter's argmax."""
+    changed = sum(int((step["ids"] != step["argmax"]).sum()) for step in records)
+    return changed / sum(step["ids"].numel() for step in records)
+
+
 def find_drafter(llm):
     """The in-process model runner's drafter (None in multiprocess mode)."""
     from vllm_liliprop.vllm.offline import in_process_drafter

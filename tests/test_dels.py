@@ -21,12 +21,10 @@ from vllm_liliprop.heads.dels_io import (
 from vllm_liliprop.heads.dels_rules import (
     LatticeDelsCombinationError,
     check_lattice_dels_walk,
-    dels_draft,
-    dels_draft_sampled,
     greedy_walk_with_short_head,
     lattice_dels_terms_markov,
-    lattice_dels_walk,
 )
+from vllm_liliprop.rules.dels_draft import dels_draft, dels_draft_sampled
 
 from vllm_liliprop.walks import greedy_walk, viterbi_walk
 
@@ -389,13 +387,16 @@ def test_gru_step_walk_equals_full_prefix_recomputation(prefix_len):
 
 
 def test_markov_lattice_walks_through_walks_module():
+    """The Markov bonus as lattice terms: the walks module's greedy walk over them equals the
+    step-by-step walk, and its Viterbi walk finds the best summed DeLS path score."""
     head, log_prior = make_markov(1), random_prior(1).log_probs
     start, pairs, candidate_ids, anchor = random_lattice(3)
     alphas, betas = [1.0, 2.0, 0.5, 1.5, 1.0], 0.3
-    greedy = lattice_dels_walk(start, pairs, candidate_ids, anchor, head, log_prior, alphas, betas, "greedy")
+    start_bonus, pair_bonus = lattice_dels_terms_markov(candidate_ids, anchor, head, log_prior, alphas, betas)
+    greedy = greedy_walk(start.float() + start_bonus, pairs.float() + pair_bonus)
     assert torch.equal(greedy, greedy_walk_with_short_head(start, pairs, candidate_ids, anchor, head, log_prior,
                                                            alphas, betas))
-    best = lattice_dels_walk(start, pairs, candidate_ids, anchor, head, log_prior, alphas, betas, "viterbi")
+    best = viterbi_walk(start.float() + start_bonus, pairs.float() + pair_bonus)
     # Brute force over all K^S paths of the summed DeLS path score:
     # lattice + sum_s alpha_s log p_S(c_s | c_{s-1}) - beta_s log_prior(c_s).
     log_p = torch.log_softmax(head.pair_logits(torch.arange(V)), -1).double()
@@ -414,18 +415,13 @@ def test_viterbi_with_gru_is_a_clear_error():
     gru, markov = make_gru(), make_markov()
     check_lattice_dels_walk("greedy", gru)
     check_lattice_dels_walk("viterbi", markov)
-    with pytest.raises(ValueError, match="walk='greedy'.*'markov'"):
+    with pytest.raises(LatticeDelsCombinationError, match="walk='greedy'.*'markov'"):
         check_lattice_dels_walk("viterbi", gru)
     with pytest.raises(ValueError, match="choose one of"):
         check_lattice_dels_walk("beam", markov)
     start, pairs, candidate_ids, anchor = random_lattice(0)
-    with pytest.raises(LatticeDelsCombinationError):
-        lattice_dels_walk(start, pairs, candidate_ids, anchor, gru, random_prior().log_probs, 0.3, 0.3, "viterbi")
     with pytest.raises(LatticeDelsCombinationError, match="greedy_walk_with_short_head"):
         lattice_dels_terms_markov(candidate_ids, anchor, gru, random_prior().log_probs, 0.3, 0.3)
-    walk = lattice_dels_walk(start, pairs, candidate_ids, anchor, gru, random_prior().log_probs, 0.3, 0.3, "greedy")
-    assert torch.equal(walk, greedy_walk_with_short_head(start, pairs, candidate_ids, anchor, gru,
-                                                         random_prior().log_probs, 0.3, 0.3))
 
 
 # ---------------------------------------------------------------- on-disk format

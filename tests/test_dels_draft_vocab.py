@@ -7,7 +7,7 @@ import torch
 
 from test_dels import B, S, V, make_gru, make_markov, random_prior
 from vllm_liliprop.heads.dels import SubVocabShortHead
-from vllm_liliprop.heads.dels_rules import dels_draft, dels_draft_sampled
+from vllm_liliprop.rules.dels_draft import dels_draft, dels_draft_sampled
 from vllm_liliprop.rules.base import DraftInputs
 from vllm_liliprop.rules.dels import DelsRule
 

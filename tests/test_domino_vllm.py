@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.engine import counters_list, error_chain, generate, plain32
+from tests.engine import counters_list, error_chain, generate, plain32, recording
 from vllm_liliprop.heads.domino import DominoConfig, DominoHead, load_domino_head, save_domino_head
 from vllm_liliprop.heads.sequential import sequential_draft
 
@@ -54,22 +54,6 @@ def domino_draft(tiny_models):
     save_domino_head(draft / "domino", random_head(tiny_models["target"]), torch.float32)
     name_the_rule(draft)
     return draft
-
-
-def recording(records: list):
-    """A `generate(prepare=...)` hook keeping what the live rule saw and drafted at each step."""
-    def prepare(drafter):
-        rule = drafter.draft_rule
-        real = rule.propose
-
-        def propose(inputs):
-            output = real(inputs)
-            records.append({"hidden": inputs.hidden.clone(), "anchor": inputs.anchor_ids.clone(),
-                            "ids": output.token_ids.clone(), "faulty": output.faulty_rows.clone()})
-            return output
-
-        rule.propose = propose
-    return prepare
 
 
 def check_against_reference(records, target_dir, head_dir, vocab_ids=None) -> float:

@@ -49,7 +49,8 @@ def test_dels_grid_expands_one_system_and_fills_alpha_beta(tmp_path):
     draft = tmp_path / "draft"
     (draft / "dels").mkdir(parents=True)
     (draft / "dels" / "config.json").write_text(json.dumps(
-        {"liliprop_dels_format": 1, "kind": "gru", "vocab_size": 8, "rank": 2, "alpha": 0.25, "beta": [0.1, 0.2]}))
+        {"liliprop_dels_format": 1, "kind": "gru", "vocab_size": 8, "rank": 2, "embed_dim": 4,
+         "hidden_size": 4, "alpha": 0.25, "beta": [0.1, 0.2]}))
     spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": 7}
     path = _write(tmp_path, {
         "AR": {},
@@ -151,3 +152,11 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["run", "--help"])
     assert info.value.code == 0 and "--concurrency" in capsys.readouterr().out
+
+
+def test_dels_weights_name_a_missing_head(tmp_path):
+    spec = {"method": "dflash", "model": str(tmp_path / "draft"), "num_speculative_tokens": 7}
+    path = _write(tmp_path, {"AR": {}, "DeLS": {"speculative_config": spec, "liliprop": {"rule": "dels"}}})
+    system = next(s for s in select_systems(load_systems(path), None) if s.name == "DeLS")
+    with pytest.raises(ValueError, match="no DeLS head at"):
+        system.dels_weights()

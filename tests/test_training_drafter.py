@@ -11,6 +11,7 @@ from training.drafter import (
     block_attention_mask,
     default_target_layer_ids,
 )
+from vllm_liliprop.checkpoints import dflash_weight_shapes
 
 
 def tiny_config(**overrides) -> DrafterConfig:
@@ -21,6 +22,16 @@ def tiny_config(**overrides) -> DrafterConfig:
     )
     base.update(overrides)
     return DrafterConfig(**base)
+
+
+def test_state_dict_is_the_dflash_checkpoint_layout():
+    """What the exporter writes (the drafter's state dict) is the layout the runtime names and
+    the test fixtures build from."""
+    cfg = tiny_config()
+    own = {name: tuple(t.shape) for name, t in DFlashDrafter(cfg).state_dict().items()}
+    assert own == dflash_weight_shapes(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+                                       cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                       cfg.num_taps)
 
 
 def rms(x, weight, eps):

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from vllm_liliprop.heads.candidates import topk_candidates, topk_candidates_reference
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
@@ -36,7 +37,6 @@ DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "drafts" /
 
 def load_head(draft: Path = DRAFT, dtype: torch.dtype = torch.bfloat16) -> LatticeHead:
     """The shipped head, read as `vllm.proposer.read_head_weights` and `load_lattice_head` do."""
-    from safetensors.torch import load_file
 
     config_json = json.loads((draft / "config.json").read_text())
     state = {}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["eligible_anchors", "sample_anchors", "build_blocks", "example_seed"]
+__all__ = ["eligible_anchors", "sample_anchors", "build_blocks", "block_windows", "example_seed"]
 
 
 def example_seed(base_seed: int, epoch: int, example_index: int) -> int:
@@ -84,15 +84,23 @@ def build_blocks(
       targets   [B, N, S] int64: the token at anchor + 1 + s, or -1 where unsupervised,
       slot_mask [B, N, S] bool: slot is in the sequence, loss-masked, and its block valid.
     """
-    batch, length = input_ids.shape
     slots = block_size - 1
     block_ids = torch.full((*anchors.shape, block_size), mask_token_id, dtype=torch.int64, device=input_ids.device)
     block_ids[..., 0] = input_ids.gather(1, anchors)
-    positions = anchors.unsqueeze(-1) + 1 + torch.arange(slots, device=anchors.device)
-    in_range = positions < length
-    safe = positions.clamp(max=length - 1).flatten(1)
-    supervised = loss_mask.bool().gather(1, safe).view_as(positions)
+    in_range = anchors.unsqueeze(-1) + 1 + torch.arange(slots, device=anchors.device) < input_ids.shape[1]
+    supervised = block_windows(loss_mask.bool(), anchors, slots, offset=1)
     slot_mask = in_range & supervised & valid.unsqueeze(-1)
-    tokens = input_ids.gather(1, safe).view_as(positions)
+    tokens = block_windows(input_ids, anchors, slots, offset=1)
     targets = torch.where(slot_mask, tokens, torch.full_like(tokens, -1))
     return block_ids, targets, slot_mask
+
+
+def block_windows(values: torch.Tensor, anchors: torch.Tensor, width: int, offset: int = 0) -> torch.Tensor:
+    """values [B, T, ...] at positions anchor + offset + j, j < width -> [B, N, width, ...] for
+    anchors [B, N]. A position past the end reads the last one (callers mask those slots)."""
+    positions = anchors.unsqueeze(-1) + offset + torch.arange(width, device=anchors.device)
+    positions = positions.clamp(max=values.shape[1] - 1)
+    if values.dim() == 2:
+        return values.gather(1, positions.flatten(1)).view_as(positions)
+    rows = torch.arange(values.shape[0], device=anchors.device).view(-1, 1, 1)
+    return values[rows, positions]

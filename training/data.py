@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 __all__ = [
     "normalize_messages",
@@ -188,8 +189,6 @@ class TokenizedDataset:
         progress: bool = False,
     ) -> "TokenizedDataset":
         """Tokenize; drop examples with fewer than `min_supervised` loss-masked tokens."""
-        from tqdm import tqdm
-
         all_ids, all_masks = [], []
         for conversation in tqdm(conversations, disable=not progress, desc="tokenize"):
             messages = conversation["messages"] if isinstance(conversation, dict) else conversation

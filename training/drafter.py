@@ -314,6 +314,13 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context_k: torch.Tensor,
+                context_v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One pre-norm block: x [B, Q, H] attends to the context K/V and to itself
+        (`DrafterAttention.forward`), then the MLP; both residual."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_k, context_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
     """Which keys each block query may attend to.
@@ -403,9 +410,6 @@ class DFlashDrafter(nn.Module):
 
         x = block_embeds.flatten(1, 2)
         for layer in self.layers:
-            attn = layer.self_attn
-            context_k, context_v = attn.key_value(context, ctx_cos, ctx_sin)
-            h = layer.input_layernorm(x)
-            x = x + attn(h, block_cos, block_sin, context_k, context_v, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            context_k, context_v = layer.self_attn.key_value(context, ctx_cos, ctx_sin)
+            x = layer(x, block_cos, block_sin, context_k, context_v, mask)
         return self.norm(x).view(batch, num_blocks, block_size, hidden)

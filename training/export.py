@@ -32,13 +32,16 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from training.drafter import DFlashDrafter, DrafterConfig
-from vllm_liliprop.heads.dels_io import DelsConfig, save_dels_head
-from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, save_domino_head
+from vllm_liliprop.checkpoints import read_checkpoint, write_checkpoint
+from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior
+from vllm_liliprop.heads.dels_io import DelsConfig, head_structure, load_dels_head, save_dels_head
+from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, load_domino_head, save_domino_head
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 
@@ -57,25 +60,7 @@ __all__ = [
     "export_checkpoint",
 ]
 
-WEIGHTS_NAME = "model.safetensors"
 LILICORR_PREFIX = "lilicorr."
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def _write(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Path:
-    from safetensors.torch import save_file
-
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES.values())}, got {dtype}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = {**config, "torch_dtype": _DTYPE_NAMES[dtype], "dtype": _DTYPE_NAMES[dtype]}
-    # Only weights take the export dtype: an integer table (d2t) in bf16 would round every
-    # offset above 256, sending drafts to the wrong target ids.
-    weights = {name: t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
-               for name, t in tensors.items()}
-    save_file(weights, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
 
 
 def export_dflash(out_dir: str | Path, drafter: DFlashDrafter, dtype: torch.dtype = torch.bfloat16,
@@ -88,7 +73,7 @@ def export_dflash(out_dir: str | Path, drafter: DFlashDrafter, dtype: torch.dtyp
         ids, lm_head = draft_vocab
         config["draft_vocab_size"] = int(ids.numel())
         tensors.update(draft_vocab_tensors(ids, lm_head))
-    return _write(Path(out_dir), config, tensors, dtype)
+    return write_checkpoint(Path(out_dir), config, tensors, dtype)
 
 
 def draft_vocab_tensors(ids: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -105,7 +90,7 @@ def draft_vocab_tensors(ids: torch.Tensor, lm_head: torch.Tensor) -> dict[str, t
 
 def read_draft_vocab(model_dir: str | Path) -> torch.Tensor | None:
     """The target ids [N] of a draft's reduced vocabulary (from d2t), None for a full one."""
-    config, tensors = _read(Path(model_dir))
+    config, tensors = read_checkpoint(Path(model_dir))
     if "d2t" not in tensors:
         return None
     d2t = tensors["d2t"].to(torch.int64)
@@ -132,7 +117,7 @@ def export_lilicorr(
     config["dflash_config"] = {**config["dflash_config"], **lat.to_dflash_config()}
     tensors = dict(drafter.state_dict())
     tensors.update({LILICORR_PREFIX + name: t for name, t in lattice.state_dict().items()})
-    return _write(Path(out_dir), config, tensors, dtype)
+    return write_checkpoint(Path(out_dir), config, tensors, dtype)
 
 
 def export_dspark(out_dir: str | Path, drafter: DFlashDrafter, markov: MarkovBiasHead,
@@ -153,7 +138,7 @@ def export_dspark(out_dir: str | Path, drafter: DFlashDrafter, markov: MarkovBia
     if draft_vocab is not None:
         config["draft_vocab_size"] = rows
         tensors.update(draft_vocab_tensors(*draft_vocab))
-    return _write(Path(out_dir), config, tensors, dtype)
+    return write_checkpoint(Path(out_dir), config, tensors, dtype)
 
 
 def export_domino(out_dir: str | Path, drafter: DFlashDrafter, domino: DominoHead,
@@ -175,34 +160,38 @@ def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) ->
     return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
 
 
+def dels_checkpoint_info(head, prior: UnigramPrior, fingerprint: str | None) -> dict[str, Any]:
+    """What a "dels" training checkpoint keeps of its head and prior (`rebuild_dels_head` reads
+    it back): the structure, the prior's log-probabilities and the tokenizer fingerprint."""
+    return {**head_structure(head), "prior_log_probs": prior.log_probs.tolist(),
+            "prior_smoothing": prior.smoothing, "tokenizer_fingerprint": fingerprint}
+
+
+def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, Any]]:
+    """(head, prior, DelsConfig fields) from a "dels" training checkpoint, for export."""
+    info = state["dels"]
+    if info["kind"] == "markov":
+        head = MarkovShortHead(info["vocab_size"], info["rank"])
+    else:
+        # The embedding table is the target's and is not exported; a placeholder of the right
+        # shape stands in for it.
+        head = GRUShortHead(torch.zeros(info["vocab_size"], info["embed_dim"]), info["hidden_size"],
+                            info["rank"], info["rank_activation"])
+    head.load_state_dict(state["modules"]["head"])
+    prior = UnigramPrior(torch.tensor(info["prior_log_probs"]), info["prior_smoothing"])
+    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint")}
+
+
 def resave_dels(source: str | Path, destination: str | Path, embed: torch.Tensor, dtype: torch.dtype) -> Path:
     """Re-save an exported DeLS folder with its head weights in `dtype` (the unigram prior stays
     fp32: low-precision log-probabilities of rare tokens would lose their order)."""
-    from vllm_liliprop.heads.dels_io import load_dels_head
-
     head, prior, config = load_dels_head(source, embed, embed.shape[0])
     return save_dels_head(destination, head.to(dtype), prior, config)
 
 
-def _read(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
-    config_path = model_dir / "config.json"
-    if not config_path.exists():
-        raise ValueError(f"{model_dir} has no config.json; pass a draft model directory")
-    config = json.loads(config_path.read_text())
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no .safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
-    return config, tensors
-
-
 def load_dflash(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
     """Load a DFlash (or the backbone of a LiLiCorr) draft directory for further training."""
-    config, tensors = _read(Path(model_dir))
+    config, tensors = read_checkpoint(Path(model_dir))
     drafter = DFlashDrafter(DrafterConfig.from_hf_dict(config))
     backbone = {k.removeprefix("model."): v for k, v in tensors.items()
                 if not k.startswith((LILICORR_PREFIX, MARKOV_PREFIX)) and "embed_tokens" not in k
@@ -215,7 +204,7 @@ def load_dflash(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> DF
 def load_lilicorr(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, LatticeHead]:
     """Load an upstream-format LiLiCorr draft directory (backbone and head)."""
     model_dir = Path(model_dir)
-    config, tensors = _read(model_dir)
+    config, tensors = read_checkpoint(model_dir)
     drafter = load_dflash(model_dir, dtype)
     dcfg = drafter.config
     lattice = LatticeHead(LatticeConfig.from_dflash_config(
@@ -228,7 +217,7 @@ def load_lilicorr(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> 
 
 def load_dspark(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, MarkovBiasHead]:
     """Load an upstream-format DSpark draft directory (backbone and Markov head)."""
-    config, tensors = _read(Path(model_dir))
+    config, tensors = read_checkpoint(Path(model_dir))
     head = {k.removeprefix("model.")[len(MARKOV_PREFIX):]: v for k, v in tensors.items()
             if k.removeprefix("model.").startswith(MARKOV_PREFIX)}
     markov = MarkovBiasHead.from_state_dict(head, float(config.get("logit_scale", 1.0)))
@@ -238,8 +227,6 @@ def load_dspark(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tu
 def load_domino(model_dir: str | Path, embed_weight: torch.Tensor,
                 dtype: torch.dtype = torch.float32) -> tuple[DFlashDrafter, DominoHead]:
     """Load a Domino draft directory (backbone and the domino/ head over `embed_weight`)."""
-    from vllm_liliprop.heads.domino import load_domino_head
-
     head = load_domino_head(Path(model_dir) / DOMINO_SUBFOLDER, embed_weight, dtype=dtype)
     return load_dflash(model_dir, dtype), head
 
@@ -258,8 +245,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, dtype: torch.
     kind = state.get("kind")
     modules = state["modules"]
     if kind == "dels":
-        from training.train_dels import rebuild_dels_head
-
         head, prior, fields = rebuild_dels_head(state)
         return export_dels(out_dir, head, prior, **fields)
     if kind in ("dspark", "domino"):

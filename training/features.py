@@ -23,7 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
+from tqdm import tqdm
+
+from training.data import TokenizedDataset, collate
 
 __all__ = [
     "decoder_layers",
@@ -118,8 +122,6 @@ class CachedFeatures:
         self.device = torch.device(device)
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
-        from safetensors.torch import load_file
-
         length = batch["input_ids"].shape[1]
         taps, finals = [], []
         for index in batch["example_index"].tolist():
@@ -156,11 +158,6 @@ def cache_features(
 
     `dataset` is a training.data.TokenizedDataset. Returns the number of files written.
     """
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
-    from training.data import collate
-
     cache_dir = Path(cache_dir)
     todo = [i for i in range(len(dataset)) if not _feature_path(cache_dir, i).exists()]
     device = next(model.parameters()).device
@@ -205,8 +202,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM
-
-    from training.data import TokenizedDataset
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device)

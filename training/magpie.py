@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
+
 from training.regenerate import _drop_torn_tail, completed_ids
 
 # (topic, words the user turn starts with). "" lets the model choose freely.
@@ -57,7 +59,6 @@ def generate_prompts(target: str, output: str | Path, count: int, *, seed: int =
                      max_tokens: int = 96, min_chars: int = 24, batch_size: int = 512,
                      progress: bool = True, **llm_kwargs) -> int:
     """Append Magpie user turns for request indices 0..count-1 not yet in `output`."""
-    from tqdm import tqdm
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 

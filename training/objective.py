@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.blocks import build_blocks, sample_anchors
+from training.blocks import block_windows, build_blocks, sample_anchors
 from training.drafter import DFlashDrafter
 from training.losses import LossWeights, combine_terms, total_loss
 from vllm_liliprop.heads.candidates import topk_candidates
@@ -128,11 +128,7 @@ class DraftObjective(nn.Module):
                      slots: int) -> torch.Tensor:
         """[B, T, H] target states -> [M, S, H] at the positions that predict each slot: slot s
         of anchor a is the token at a + 1 + s, predicted by the target at a + s."""
-        positions = anchors.unsqueeze(-1) + torch.arange(slots, device=anchors.device)
-        positions = positions.clamp(max=states.shape[1] - 1)[valid]
-        rows = torch.arange(states.shape[0], device=anchors.device)
-        batch_of_block = rows.unsqueeze(-1).expand_as(anchors)[valid]
-        return states[batch_of_block.unsqueeze(-1), positions]
+        return block_windows(states, anchors, slots)[valid]
 
     def forward(
         self,

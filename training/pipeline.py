@@ -36,18 +36,27 @@ Qwen3DSparkModel, or a DFlash directory with a domino/ head).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.data import TokenizedDataset, collate, training_vocabulary
 from training.drafter import DFlashDrafter, DrafterConfig
+from training.export import (
+    export_dflash, export_domino, export_dspark, export_lilicorr, load_dflash, load_lilicorr
+)
+from training.features import CachedFeatures, OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights
 from training.objective import DraftObjective
-from training.trainer import DistEnv, Trainer, TrainConfig, seeds_for
+from training.startup import load_frozen_target, start_run
+from training.trainer import Trainer, seeds_for
+from vllm_liliprop.heads.domino import DominoConfig, DominoHead
+from vllm_liliprop.heads.dspark import MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 
-__all__ = ["resolve_device", "build_lattice", "build_drafter", "run_draft_training", "DEFAULT_LATTICE"]
+__all__ = ["build_lattice", "build_drafter", "run_draft_training", "DEFAULT_LATTICE"]
 
 DEFAULT_LATTICE = {
     "candidate_topk": 8,
@@ -61,39 +70,10 @@ DEFAULT_LATTICE = {
 }
 
 
-def resolve_device(name: str, env: DistEnv) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{env.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    return torch.device(name)
-
-
-def start_run(recipe: dict[str, Any]) -> tuple[TrainConfig, DistEnv, torch.device]:
-    """What every training recipe starts with: its TrainConfig, the distributed environment and
-    the device, with torch seeded from the config."""
-    train_config = TrainConfig(**recipe["train"])
-    env = DistEnv.from_environment(recipe.get("device", "auto"))
-    device = resolve_device(recipe.get("device", "auto"), env)
-    torch.manual_seed(train_config.seed)
-    return train_config, env, device
-
-
-def load_frozen_target(recipe: dict[str, Any], device: torch.device, target_model=None):
-    """The target (recipe["target"] in recipe["target_dtype"], unless given) on the device, frozen."""
-    if target_model is None:
-        from transformers import AutoModelForCausalLM
-
-        target_model = AutoModelForCausalLM.from_pretrained(
-            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16"))
-        )
-    return target_model.to(device).eval().requires_grad_(False)
-
-
 def build_drafter(spec: dict[str, Any], target_config) -> DFlashDrafter:
     spec = dict(spec)
     init_from = spec.pop("init_from", None)
     if init_from:
-        from training.export import load_dflash
-
         return load_dflash(init_from)
     if "mask_token_id" not in spec:
         raise ValueError("recipe drafter.mask_token_id is required (a token id the target never emits)")
@@ -108,8 +88,6 @@ def build_lattice(spec: dict[str, Any], drafter_config: DrafterConfig) -> Lattic
     spec = {**DEFAULT_LATTICE, **spec}
     init_from = spec.pop("init_from", None)
     if init_from:
-        from training.export import load_lilicorr
-
         _, lattice = load_lilicorr(init_from)
         return lattice
     dflash = {f"lilicorr_{k}": v for k, v in spec.items()}
@@ -124,8 +102,6 @@ def _uses_autocast(precision: str, device: torch.device) -> bool:
 
 
 def _lattice_config_dict(config: LatticeConfig) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return asdict(config)
 
 
@@ -154,15 +130,11 @@ def build_sequential_head(method: str, spec: dict[str, Any], drafter_config: Dra
                           embed_weight: torch.Tensor, head_ids: torch.Tensor) -> torch.nn.Module:
     """The DSpark Markov head or the Domino head, scoring `head_ids` (target ids)."""
     if method == "dspark":
-        from vllm_liliprop.heads.dspark import MarkovBiasHead
-
         unknown = set(spec) - {"markov_rank"}
         if unknown:
             raise ValueError(f"unknown recipe dspark fields {sorted(unknown)}; known: ['markov_rank']")
         return MarkovBiasHead(drafter_config.vocab_size, int(head_ids.numel()),
                               int(spec.get("markov_rank", 64)))
-    from vllm_liliprop.heads.domino import DominoConfig, DominoHead
-
     unknown = set(spec) - {"rank"}
     if unknown:
         raise ValueError(f"unknown recipe domino fields {sorted(unknown)}; known: ['rank']")
@@ -184,10 +156,6 @@ def run_draft_training(
     `target_model` / `dataset` may be passed in directly (tests, notebooks); otherwise they
     are loaded from recipe["target"] / recipe["data"].
     """
-    from training.data import TokenizedDataset, collate
-    from training.export import export_dflash, export_domino, export_dspark, export_lilicorr
-    from training.features import CachedFeatures, OnlineFeatures, frozen_target_weights
-
     method = recipe.get("method")
     if method not in METHODS:
         raise ValueError(f"recipe method must be one of {METHODS}, got {method!r}")
@@ -209,8 +177,6 @@ def run_draft_training(
     export_vocab = _export_vocab(recipe, method)
     vocab_ids, extras = None, {}
     if recipe.get("train_vocab"):
-        from training.data import training_vocabulary
-
         vocab_ids, coverage = training_vocabulary(dataset, drafter.config.vocab_size,
                                                   int(recipe["train_vocab"]["size"]))
         extras["train_vocab"] = {"size": int(vocab_ids.numel()), "supervised_coverage": coverage}

@@ -37,6 +37,7 @@ import hashlib
 import json
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,10 +48,13 @@ import torch
 from training.build_stages.dels import dels_stage
 from training.build_stages.drafts import draft_stage
 from training.build_stages.jsonl import read_jsonl, write_jsonl
-from training.build_stages.measure import measure_stage
+from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
 from training.build_stages.regenerate import regenerate_stage
 from training.build_stages.tokenization import tokenize_stage
 from training.build_stages.versions import versions
+from training.data import TokenizedDataset, read_jsonl_conversations
+from training.decontaminate import decontaminate_file
+from training.magpie import generate_prompts
 from training.recipe import apply_overrides, load_recipe
 from training.stages import finished_stages, run_stage
 
@@ -66,8 +70,6 @@ def _draft_recipe(name: str, paths: dict[str, str]) -> dict:
 
 def _eval_cli(*args: str) -> str:
     """Run `python -m eval ARGS` (the pinned sources live in eval; training does not import it)."""
-    import subprocess
-
     done = subprocess.run([sys.executable, "-m", "eval", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"python -m eval {' '.join(args)} failed:\n{done.stderr.strip()[-2000:]}")
@@ -97,8 +99,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     stage("benchmarks", benchmarks)
 
     def prompts():
-        from training.magpie import generate_prompts
-
         spec = recipe["prompts"]
         generate_prompts(str(target_dir), data / "magpie.jsonl", spec["count"], seed=seed,
                          max_tokens=spec["max_tokens"], max_model_len=1024, enforce_eager=True)
@@ -108,8 +108,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     stage("prompts", prompts)
 
     def decontaminate():
-        from training.decontaminate import decontaminate_file
-
         report = decontaminate_file(data / "magpie.jsonl", out / "eval", data / "prompts.clean.jsonl",
                                     recipe["decontaminate"]["ngram"])
         report["eval_files"] = [Path(f).name for f in report["eval_files"]]
@@ -136,8 +134,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
     def tokenize():
         from transformers import AutoTokenizer
-
-        from training.data import read_jsonl_conversations
 
         return tokenize_stage(AutoTokenizer.from_pretrained(target_dir),
                               {part: (read_jsonl_conversations(data / f"{part}_regenerated.jsonl"),
@@ -178,8 +174,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     def measure():
         from transformers import AutoModelForCausalLM
 
-        from training.data import TokenizedDataset
-
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
         heldout = TokenizedDataset.load(data / "heldout.jsonl")
         return measure_stage(target, heldout, drafts / "dflash", drafts / "lilicorr",
@@ -191,9 +185,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     if baselines:
         def measure_baselines():
             from transformers import AutoModelForCausalLM
-
-            from training.build_stages.measure import measure_baselines_stage
-            from training.data import TokenizedDataset
 
             target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
             heldout = TokenizedDataset.load(data / "heldout.jsonl")
@@ -208,9 +199,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
     for name, overrides in recipe.get("ablations", {}).items():
         def ablation(name=name, overrides=overrides):
             from transformers import AutoModelForCausalLM
-
-            from training.build_stages.measure import drafter_acceptance
-            from training.data import TokenizedDataset
 
             folder = out / "ablations" / name
             fragment = draft("lilicorr", f"ablation_{name}", {"drafter.init_from": str(drafts / "dflash"),

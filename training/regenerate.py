@@ -20,6 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from training.data import read_conversations
+
 __all__ = ["completed_ids", "regenerate_conversations", "vllm_chat_generator"]
 
 Messages = list[dict[str, str]]
@@ -79,8 +83,6 @@ def regenerate_conversations(
     generate(list of message lists) -> one reply per list (greedy, no reasoning).
     Returns the number of conversations written by this call.
     """
-    from tqdm import tqdm
-
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     output_path = Path(output_path)
@@ -166,8 +168,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-trailing-user", action="store_true", help="do not answer a trailing user turn")
     args = parser.parse_args(argv)
-
-    from training.data import read_conversations
 
     llm_kwargs = {"tensor_parallel_size": args.tensor_parallel_size}
     if args.max_model_len:

@@ -64,8 +64,16 @@ from training.build_stages.corpus import (
     read_source,
     split_corpus,
 )
+from training.build_stages.dels import dels_stage
+from training.build_stages.drafts import draft_stage
+from training.build_stages.jsonl import read_jsonl
+from training.build_stages.measure import measure_stage
+from training.build_stages.regenerate import regenerate_stage
 from training.build_stages.suites import TIERS, continuation_entropies, entropy_tiers, suites_stage
-from training.build_stages.target import build_tokenizer, heldout_loss, target_stage, tokenizer_stage
+from training.build_stages.target import heldout_loss, load_target, load_tokenizer, target_stage, tokenizer_stage
+from training.build_stages.tokenization import tokenize_stage
+from training.build_stages.versions import versions
+from training.data import TokenizedDataset, read_jsonl_conversations
 from training.recipe import RECIPE_DIR, apply_overrides, load_recipe
 from training.stages import run_stage
 
@@ -76,7 +84,6 @@ __all__ = [
     "split_corpus",
     "code_windows",
     "function_requests",
-    "build_tokenizer",
     "heldout_loss",
     "continuation_entropies",
     "entropy_tiers",
@@ -172,16 +179,6 @@ def _check_recipe(out: Path, recipe: dict[str, Any]) -> None:
 def run_testbed(recipe: dict[str, Any], out: str | Path, command: str = "", log=print) -> dict[str, Any]:
     """Run (or resume) every stage of the recipe into `out`; returns the manifest (also
     OUT/manifest.json). A finished testbed is returned as it is (see the module docstring)."""
-    from training.build_stages.dels import dels_stage
-    from training.build_stages.drafts import draft_stage
-    from training.build_stages.jsonl import read_jsonl
-    from training.build_stages.measure import measure_stage
-    from training.build_stages.regenerate import regenerate_stage
-    from training.build_stages.target import load_target, load_tokenizer
-    from training.build_stages.tokenization import tokenize_stage
-    from training.build_stages.versions import versions
-    from training.data import TokenizedDataset, read_jsonl_conversations
-
     if recipe.get("method") != "testbed":
         raise ValueError(f"recipe method must be 'testbed', got {recipe.get('method')!r}")
     out = Path(out)

@@ -28,25 +28,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from training.blocks import build_blocks, sample_anchors
+from training.blocks import block_windows, build_blocks, sample_anchors
+from training.data import TokenizedDataset, collate
+from training.export import dels_checkpoint_info, export_dels, load_dflash
+from training.features import OnlineFeatures, frozen_target_weights
+from training.pipeline import load_frozen_target, start_run
 from training.recipe import add_recipe_arguments, recipe_from_args
 from training.trainer import Trainer, seeds_for
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, dels_fuse
+from vllm_liliprop.heads.dels_io import load_dels_head, tokenizer_fingerprint
 
 __all__ = [
     "ShortHeadObjective",
     "FusionObjective",
     "build_short_head",
-    "rebuild_dels_head",
     "run_dels_training",
     "run_fusion_training",
     "load_target_embedding",
@@ -98,8 +104,7 @@ class ShortHeadObjective(nn.Module):
             anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
             _, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, self.block_size, 0)
             # The head consumes the anchor and then the true tokens of the block.
-            positions = anchors.unsqueeze(-1) + torch.arange(self.block_size - 1, device=anchors.device)
-            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            window = block_windows(input_ids, anchors, self.block_size - 1)
             window, targets, slot_mask = window[valid], targets[valid], slot_mask[valid]
             total = self._chunked(window, targets, slot_mask, self.head)
             count = slot_mask.sum()
@@ -134,8 +139,7 @@ class FusionObjective(nn.Module):
             context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
             hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
             long_logits = F.linear(hidden[:, :, 1:][valid], self.lm_head_weight).float()
-            positions = anchors.unsqueeze(-1) + torch.arange(cfg.block_size - 1, device=anchors.device)
-            window = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1).flatten(1)).view_as(positions)
+            window = block_windows(input_ids, anchors, cfg.block_size - 1)
             short_logits = self.head(window[valid]).float()
         targets, slot_mask = targets[valid], slot_mask[valid]
         fused = dels_fuse(long_logits, short_logits, self.log_prior, self.alpha, self.beta)
@@ -170,25 +174,8 @@ def build_short_head(spec: dict[str, Any], vocab_size: int, embed_weight: torch.
                         spec.get("rank_activation", "silu"))
 
 
-def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, Any]]:
-    """(head, prior, DelsConfig fields) from a "dels" training checkpoint, for export."""
-    info = state["dels"]
-    if info["kind"] == "markov":
-        head = MarkovShortHead(info["vocab_size"], info["rank"])
-    else:
-        # The embedding table is the target's and is not exported; a placeholder of the right
-        # shape stands in for it.
-        head = GRUShortHead(torch.zeros(info["vocab_size"], info["embed_dim"]), info["hidden_size"],
-                            info["rank"], info["rank_activation"])
-    head.load_state_dict(state["modules"]["head"])
-    prior = UnigramPrior(torch.tensor(info["prior_log_probs"]), info["prior_smoothing"])
-    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint")}
-
-
 def load_target_embedding(target: str) -> torch.Tensor:
     """The target's input embedding table [V, D], read alone from its safetensors (no model)."""
-    from safetensors import safe_open
-
     root = Path(target)
     if not root.is_dir():
         from huggingface_hub import snapshot_download
@@ -227,23 +214,9 @@ def _read_tensor(file: Path, key: str, safe_open) -> torch.Tensor:
         return f.get_tensor(key)
 
 
-def _dels_info(head, prior: UnigramPrior, fingerprint: str | None) -> dict[str, Any]:
-    info = {"kind": head.kind, "vocab_size": head.vocab_size, "rank": head.rank,
-            "prior_log_probs": prior.log_probs.tolist(), "prior_smoothing": prior.smoothing,
-            "tokenizer_fingerprint": fingerprint}
-    if head.kind == "gru":
-        info.update(embed_dim=head.embed_dim, hidden_size=head.hidden_size, rank_activation=head.rank_activation)
-    return info
-
-
 def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torch.Tensor | None = None,
                       dataset=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:
     """Train a short head per the recipe; returns {"history", "export_dir", "trainer", "prior"}."""
-    from training.data import TokenizedDataset, collate
-    from training.export import export_dels
-    from training.pipeline import start_run
-    from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
-
     train_config, env, device = start_run(recipe)
     if dataset is None:
         dataset = TokenizedDataset.load(recipe["data"])
@@ -267,7 +240,7 @@ def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torc
 
     fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
     trainer = Trainer(objective, {"head": head}, make_inputs, len(dataset), train_config, device=device,
-                      dist_env=env, checkpoint_extras={"kind": "dels", "dels": _dels_info(head, prior, fingerprint)},
+                      dist_env=env, checkpoint_extras={"kind": "dels", "dels": dels_checkpoint_info(head, prior, fingerprint)},
                       progress=progress)
     history = trainer.fit(resume=True if resume == "latest" else resume)
     export_dir = Path(train_config.output_dir) / "final"
@@ -281,14 +254,6 @@ def run_fusion_training(recipe: dict[str, Any], *, resume=None, target_model=Non
                         progress: bool = True) -> dict[str, Any]:
     """Fit per-slot alpha/beta; writes them into the DeLS folder's config.json (a copy at
     <output_dir>/final). Returns {"history", "alpha", "beta", "export_dir", "trainer"}."""
-    import shutil
-
-    from training.data import TokenizedDataset, collate
-    from training.export import load_dflash
-    from training.features import OnlineFeatures, frozen_target_weights
-    from training.pipeline import load_frozen_target, start_run
-    from vllm_liliprop.heads.dels_io import load_dels_head
-
     train_config, env, device = start_run(recipe)
     target_model = load_frozen_target(recipe, device, target_model)
     if dataset is None:

@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from training.pipeline import run_draft_training
 from training.recipe import add_recipe_arguments, recipe_from_args
 
 METHOD = "lilicorr"
@@ -32,8 +33,6 @@ def main(argv: Sequence[str] | None = None, method: str = METHOD, description: s
     if args.print_recipe:
         print(json.dumps(recipe, indent=2))
         return
-    from training.pipeline import run_draft_training
-
     result = run_draft_training(recipe, resume=args.resume)
     print(f"exported {result['export_dir']}")
 

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import sys
 import time
@@ -34,6 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from tqdm import tqdm
+
+from training.blocks import example_seed
 
 __all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
 
@@ -364,8 +368,6 @@ class Trainer:
     def fit(self, resume: str | Path | bool | None = None) -> list[dict[str, float]]:
         """Train to `total_steps`. resume: a checkpoint path, True (latest in output_dir), or None.
         Returns the per-step logs of this process (also appended to output_dir/metrics.jsonl)."""
-        from tqdm import tqdm
-
         if resume is True:
             resume = self.latest_checkpoint()
         if resume:
@@ -407,8 +409,6 @@ class Trainer:
         peak_rss_mib: the process's peak resident set (getrusage ru_maxrss); it is process-wide, so
         where one process runs several stages it is the peak so far, an upper bound for this run.
         peak_cuda_mib: peak CUDA memory allocated during this call (None off CUDA)."""
-        import resource
-
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
         rss_mib = rss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
         cuda = (torch.cuda.max_memory_allocated(self.device) / 2 ** 20 if self.device.type == "cuda" else None)
@@ -423,6 +423,4 @@ class Trainer:
 
 def seeds_for(indices: Sequence[int], base_seed: int, epoch: int) -> list[int]:
     """Per-example anchor seeds (see training.blocks.example_seed)."""
-    from training.blocks import example_seed
-
     return [example_seed(base_seed, epoch, i) for i in indices]

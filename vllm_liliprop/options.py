@@ -15,10 +15,12 @@ proposer behaves exactly like vLLM's own DFlash proposer.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from vllm_liliprop.heads.dels import check_fusion_weight
+from vllm_liliprop.heads.lattice import read_dflash_fields
 
 ENV_VAR = "VLLM_LILIPROP_OPTIONS"
 CONFIG_BLOCK = "liliprop"
@@ -79,24 +81,11 @@ def _check_choice(where: str, key: str, value: Any, choices: tuple[str, ...]) ->
 def _check_schedule(where: str, key: str, value: Any):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
-        raise OptionError(
-            f"{where}.{key} = {value!r} must be a number or a list of numbers (one per slot)."
-        )
-    if isinstance(value, (list, tuple)):
-        if not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-        ):
-            raise OptionError(
-                f"{where}.{key} = {value!r} must be a non-empty list of numbers, one per slot."
-            )
-        weights = tuple(float(v) for v in value)
-    else:
-        weights = (float(value),)
-    # JSON readers accept NaN and Infinity; either would turn every fused score non-finite.
-    if not all(math.isfinite(v) for v in weights):
-        raise OptionError(f"{where}.{key} = {value!r} must be finite; use e.g. 0.3.")
-    return weights if isinstance(value, (list, tuple)) else weights[0]
+    try:
+        weights = check_fusion_weight(value, f"{where}.{key}")
+    except ValueError as exc:
+        raise OptionError(f"{exc}.") from None
+    return tuple(weights) if isinstance(weights, list) else weights
 
 
 def _validate_block(where: str, block: Any) -> dict[str, Any]:
@@ -149,8 +138,6 @@ def check_lilicorr_fields(dflash_config: dict) -> None:
     """The LiLiCorr head fields (`dflash_config.lilicorr_*`), checked before vLLM's own LiLiCorr
     model reads them: it would report a missing field as a bare KeyError and a wrong type as a
     TypeError from inside its constructor. ValueError naming the field and the fix."""
-    from vllm_liliprop.heads.lattice import read_dflash_fields
-
     read_dflash_fields(dflash_config)
 
 

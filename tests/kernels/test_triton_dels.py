@@ -1,4 +1,4 @@
-"""Triton DeLS fusion kernels vs vllm_liliprop.heads.dels.dels_fuse (interpreted)."""
+"""The Triton DeLS argmax kernel vs vllm_liliprop.heads.dels.dels_fuse (interpreted)."""
 
 import pytest
 import torch
@@ -11,45 +11,40 @@ from vllm_liliprop.kernels import triton_dels  # noqa: E402
 NAN, INF = float("nan"), float("inf")
 
 
-def _inputs(rows, vocab, k, seed, dtype=torch.float32):
+def _inputs(rows, vocab, seed, dtype=torch.float32):
     generator = torch.Generator().manual_seed(seed)
     long_logits = torch.randn(rows, vocab, generator=generator).to(dtype)
     short_logits = (2 * torch.randn(rows, vocab, generator=generator)).to(dtype)
     log_prior = torch.log_softmax(torch.randn(vocab, generator=generator), dim=0)
     alpha = torch.rand(rows, generator=generator)
-    candidate_ids = torch.randint(0, vocab, (rows, k), generator=generator)
-    return long_logits, short_logits, log_prior, alpha, candidate_ids
+    return long_logits, short_logits, log_prior, alpha
 
 
-def _assert_matches_reference(long_logits, short_logits, log_prior, alpha, beta, candidate_ids, **launch):
+def _assert_matches_reference(long_logits, short_logits, log_prior, alpha, beta, **launch):
     fused = dels_fuse(long_logits, short_logits, log_prior, alpha, beta)
     ids = triton_dels.dels_argmax(long_logits, short_logits, log_prior, alpha, beta, **launch)
     assert ids.dtype == torch.int64 and ids.shape == (long_logits.shape[0],)
     assert torch.equal(ids, fused.argmax(dim=-1))
-    scores = triton_dels.dels_fuse_at_candidates(long_logits, short_logits, log_prior, alpha, beta, candidate_ids, **launch)
-    assert scores.dtype == torch.float32 and scores.shape == candidate_ids.shape
-    torch.testing.assert_close(scores, fused.gather(1, candidate_ids), rtol=0, atol=2e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize(
-    "rows, vocab, k, launch",
+    "rows, vocab, launch",
     [
-        (1, 1000, 16, {}),
-        (64, 1000, 16, {}),
-        (64, 1000, 1, {}),
+        (1, 1000, {}),
+        (64, 1000, {}),
         # several vocabulary blocks per program and several programs per row, last one partial
-        (5, 1000, 4, {"block_v": 128, "num_splits": 3}),
-        (3, 1000, 16, {"block_v": 64, "num_splits": 16}),
+        (5, 1000, {"block_v": 128, "num_splits": 3}),
+        (3, 1000, {"block_v": 64, "num_splits": 16}),
     ],
 )
-def test_matches_reference(rows, vocab, k, launch):
-    long_logits, short_logits, log_prior, alpha, ids = _inputs(rows, vocab, k, seed=rows + k)
-    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, ids, **launch)
+def test_matches_reference(rows, vocab, launch):
+    long_logits, short_logits, log_prior, alpha = _inputs(rows, vocab, seed=rows)
+    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, **launch)
 
 
 def test_full_vocabulary_row():
-    long_logits, short_logits, log_prior, alpha, ids = _inputs(1, 151_936, 8, seed=1)
-    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, ids)
+    long_logits, short_logits, log_prior, alpha = _inputs(1, 151_936, seed=1)
+    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3)
 
 
 @pytest.mark.parametrize(
@@ -62,17 +57,17 @@ def test_full_vocabulary_row():
     ],
 )
 def test_weight_forms(alpha, beta):
-    long_logits, short_logits, log_prior, _, ids = _inputs(4, 1000, 8, seed=2)
-    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, beta, ids, block_v=256)
+    long_logits, short_logits, log_prior, _ = _inputs(4, 1000, seed=2)
+    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, beta, block_v=256)
 
 
-def test_low_precision_logits_and_int32_ids():
-    long_logits, short_logits, log_prior, alpha, ids = _inputs(4, 1000, 8, seed=3, dtype=torch.bfloat16)
-    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, ids.int(), block_v=256)
+def test_low_precision_logits():
+    long_logits, short_logits, log_prior, alpha = _inputs(4, 1000, seed=3, dtype=torch.bfloat16)
+    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, block_v=256)
 
 
 def test_exact_ties_go_to_the_lowest_token_id():
-    long_logits, short_logits, log_prior, alpha, ids = _inputs(8, 1000, 8, seed=4)
+    long_logits, short_logits, log_prior, alpha = _inputs(8, 1000, seed=4)
     winners = dels_fuse(long_logits, short_logits, log_prior, alpha, 0.3).argmax(dim=-1)
     for row, winner in enumerate(winners.tolist()):
         twin = (winner * 7 + 3) % 1000  # copy the winning column to another token id
@@ -87,29 +82,20 @@ def test_exact_ties_go_to_the_lowest_token_id():
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_non_finite_long_logits_follow_torch_argmax():
-    long_logits, short_logits, log_prior, alpha, ids = _inputs(4, 1000, 8, seed=5)
+    long_logits, short_logits, log_prior, alpha = _inputs(4, 1000, seed=5)
     long_logits[0, [640, 30]] = torch.tensor([NAN, -NAN])  # NaN of either sign outranks all
     long_logits[1] = -INF  # fused is -inf everywhere: id 0
     long_logits[2, 17] = INF
     long_logits[3, ::2] = -INF
-    ids[0, 0], ids[1, 0] = 30, 5
-    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, ids, block_v=256, num_splits=2)
+    _assert_matches_reference(long_logits, short_logits, log_prior, alpha, 0.3, block_v=256, num_splits=2)
     assert triton_dels.dels_argmax(long_logits, short_logits, log_prior, alpha, 0.3)[:3].tolist() == [30, 0, 17]
 
 
 def test_empty_batch_launches_nothing(forbid_launch):
-    forbid_launch(
-        triton_dels,
-        "_dels_argmax_partial_kernel",
-        "_dels_argmax_merge_kernel",
-        "_logsumexp_partial_kernel",
-        "_dels_at_candidates_kernel",
-    )
+    forbid_launch(triton_dels, "_dels_argmax_partial_kernel", "_dels_argmax_merge_kernel")
     empty, log_prior = torch.empty(0, 1000), torch.zeros(1000)
     ids = triton_dels.dels_argmax(empty, empty, log_prior, torch.empty(0), 0.3)
     assert ids.shape == (0,) and ids.dtype == torch.int64
-    scores = triton_dels.dels_fuse_at_candidates(empty, empty, log_prior, 0.3, 0.3, torch.empty(0, 8, dtype=torch.int64))
-    assert scores.shape == (0, 8) and scores.dtype == torch.float32
 
 
 @pytest.mark.parametrize(
@@ -126,14 +112,3 @@ def test_bad_input_names_the_field(short_shape, prior_shape, alpha, field):
     long_logits = torch.zeros(2, 100)
     with pytest.raises(ValueError, match=field):
         triton_dels.dels_argmax(long_logits, torch.zeros(short_shape), torch.zeros(prior_shape), alpha, 0.3)
-    with pytest.raises(ValueError, match=field):
-        triton_dels.dels_fuse_at_candidates(
-            long_logits, torch.zeros(short_shape), torch.zeros(prior_shape), alpha, 0.3, torch.zeros(2, 4, dtype=torch.int64)
-        )
-
-
-def test_bad_candidate_ids_name_the_field():
-    long_logits, short_logits, log_prior = torch.zeros(2, 100), torch.zeros(2, 100), torch.zeros(100)
-    for candidate_ids in (torch.zeros(2, 4), torch.zeros(3, 4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)):
-        with pytest.raises(ValueError, match="candidate_ids"):
-            triton_dels.dels_fuse_at_candidates(long_logits, short_logits, log_prior, 0.3, 0.3, candidate_ids)

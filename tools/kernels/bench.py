@@ -18,25 +18,16 @@ small problem so the harness itself is exercised.
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
-from vllm_liliprop.kernels import reference, triton_available
-from vllm_liliprop.walks import greedy_walk as torch_greedy_walk
-from vllm_liliprop.walks import viterbi_walk as torch_viterbi_walk
-
-
-@dataclass
-class Case:
-    name: str
-    make_inputs: Callable[[int], tuple]  # batch -> positional args
-    torch_fn: Callable
-    triton_fn: Callable | None  # None when no CUDA/triton
+from tools.kernels import upstream_walk
+from tools.kernels.cases import kernel_cases
+from vllm_liliprop.kernels import triton_available
 
 
 def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> float:
@@ -61,51 +52,10 @@ def _time(fn: Callable, args: tuple, warmup: int, iters: int, cuda: bool) -> flo
     return statistics.median(times)
 
 
-def _make_cases(device, dtype, num_slots, k, vocab_size, use_triton) -> list[Case]:
-    generator = torch.Generator(device="cpu").manual_seed(0)
-
-    def randn(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
-
-    def vocab_rows(batch):
-        return randn(batch * num_slots, vocab_size, dtype=dtype)
-
-    def lattice(batch):
-        return randn(batch, k), randn(batch, num_slots - 1, k, k)
-
-    log_prior = torch.log_softmax(randn(vocab_size), dim=0)
-
-    def dels_inputs(batch):
-        rows = batch * num_slots
-        alpha = torch.full((rows,), 0.3, device=device)
-        return vocab_rows(batch), vocab_rows(batch), log_prior, alpha, 0.3
-
-    def dels_candidate_inputs(batch):
-        ids = torch.randint(0, vocab_size, (batch * num_slots, k), generator=generator).to(device)
-        return (*dels_inputs(batch), ids)
-
-    triton_topk = triton_walks = triton_dels = None
-    if use_triton:
-        from vllm_liliprop.kernels import triton_dels, triton_topk, triton_walks
-    return [
-        Case("topk_candidates", lambda b: (vocab_rows(b), k), torch_topk_candidates,
-             triton_topk and triton_topk.topk_candidates),
-        Case("greedy_walk", lattice, torch_greedy_walk, triton_walks and triton_walks.greedy_walk),
-        Case("viterbi_walk", lattice, torch_viterbi_walk, triton_walks and triton_walks.viterbi_walk),
-        Case("dels_argmax", dels_inputs, reference.dels_argmax, triton_dels and triton_dels.dels_argmax),
-        Case("dels_fuse_at_candidates", dels_candidate_inputs, reference.dels_fuse_at_candidates,
-             triton_dels and triton_dels.dels_fuse_at_candidates),
-    ]
-
-
 def _vllm_selector_walk(source_dir: Path | None):
     """vLLM's greedy candidate walk as fn(start, pairs) -> path [B, S], or None (see
     kernels/upstream_walk.py). From `source_dir` if given, else copied out of the installed
     vLLM (never imported: the bench runs where there is no vLLM)."""
-    import tempfile
-
-    from tools.kernels import upstream_walk
-
     try:
         if source_dir is None:
             source_dir = upstream_walk.export(Path(tempfile.mkdtemp(prefix="upstream_walk_")))
@@ -142,7 +92,8 @@ def run(args) -> None:
     print(f"device={device} dtype={args.dtype} S={args.slots} K={args.k} V={args.vocab} "
           f"warmup={args.warmup} iters={args.iters}; times in ms (median), ratios = reference / Triton")
 
-    cases = _make_cases(device, dtype, args.slots, args.k, args.vocab, use_triton)
+    cases = kernel_cases(args.slots, args.k, args.vocab, device, dtype, dels_dtype=dtype)
+    generator = torch.Generator().manual_seed(0)
     selector_walk = _vllm_selector_walk(args.upstream_walk) if use_triton else None
     for case in cases:
         print(f"\n{case.name}")
@@ -151,10 +102,10 @@ def run(args) -> None:
         print(header + ("    vllm  vllm/triton" if with_vllm else ""))
         compiled = torch.compile(case.torch_fn, dynamic=False) if compile_torch else None
         for batch in args.batches:
-            inputs = case.make_inputs(batch)
+            inputs = case.make_inputs(batch, generator)
             triton_ms = eager_ms = compiled_ms = vllm_ms = None
-            if case.triton_fn is not None:
-                triton_ms = _time(case.triton_fn, inputs, args.warmup, args.iters, cuda)
+            if use_triton:
+                triton_ms = _time(case.triton_fn(), inputs, args.warmup, args.iters, cuda)
             eager_ms = _time(case.torch_fn, inputs, args.warmup, args.iters, cuda)
             if compiled is not None:
                 try:
@@ -166,7 +117,7 @@ def run(args) -> None:
                     f"        {_ratio(eager_ms, triton_ms)}           {_ratio(compiled_ms, triton_ms)}")
             if with_vllm:
                 vllm_ms = _time(selector_walk, inputs, args.warmup, args.iters, cuda)
-                agrees = torch.equal(selector_walk(*inputs), case.triton_fn(*inputs))
+                agrees = torch.equal(selector_walk(*inputs), case.triton_fn()(*inputs))
                 line += f" {_format(vllm_ms)}       {_ratio(vllm_ms, triton_ms)}"
                 line += "" if agrees else "  (paths differ!)"
             print(line)
@@ -180,7 +131,7 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=8, help="candidates K per slot")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size V")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the logits (lattice scores are fp32)")
+                        help="dtype of logits and vectors (lattice scores are fp32)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")

@@ -46,12 +46,6 @@ KERNEL_SPECS = [
      {"BLOCK_V": 4096, "ALPHA_IS_TENSOR": True, "BETA_IS_TENSOR": False}, 8),
     (triton_dels._dels_argmax_merge_kernel, {"part_keys_ptr": "*i64", "ids_ptr": "*i64"},
      {"BLOCK_SPLITS": 256}, 1),
-    (triton_dels._logsumexp_partial_kernel,
-     {"x_ptr": "*bf16", "part_max_ptr": "*fp32", "part_sumexp_ptr": "*fp32"}, {"BLOCK_V": 4096}, 8),
-    (triton_dels._dels_at_candidates_kernel,
-     {"long_ptr": "*fp32", "short_ptr": "*fp32", "prior_ptr": "*fp32", "alpha": "fp32", "beta": "*fp32",
-      "ids_ptr": "*i64", "part_max_ptr": "*fp32", "part_sumexp_ptr": "*fp32", "scores_ptr": "*fp32"},
-     {"K": 16, "BLOCK_K": 16, "BLOCK_SPLITS": 256, "ALPHA_IS_TENSOR": False, "BETA_IS_TENSOR": True}, 1),
 ]
 
 

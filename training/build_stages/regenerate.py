@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from training.build_stages.jsonl import read_jsonl
+from training.data import read_jsonl_conversations
+from training.regenerate import regenerate_conversations, vllm_chat_generator
 
 __all__ = ["regenerate_stage"]
 
@@ -20,9 +22,6 @@ def regenerate_stage(target_dir: str | Path, parts: dict[str, tuple[Path, Path]]
 
     Returns {"conversations": {part: rows in its output}, "max_tokens", "decoding": "greedy"}.
     """
-    from training.data import read_jsonl_conversations
-    from training.regenerate import regenerate_conversations, vllm_chat_generator
-
     generate = vllm_chat_generator(str(target_dir), max_tokens=max_tokens, max_model_len=max_model_len,
                                    seed=seed, **engine)
     counts = {}

@@ -26,31 +26,13 @@ from typing import Any
 import torch
 
 from training.build_stages.corpus import code_windows, conversation, function_requests
+from training.build_stages.drafts import run_tail
+from training.lm import next_token_loss, pad_sequences, run_lm_training
 from training.trainer import OptimConfig, TrainConfig
+from vllm_liliprop.fixtures.tiny_models import train_chatml_tokenizer
 
-__all__ = ["build_tokenizer", "load_tokenizer", "lm_windows", "chat_sequences", "heldout_loss",
+__all__ = ["load_tokenizer", "lm_windows", "chat_sequences", "heldout_loss",
            "target_train_config", "tokenizer_stage", "target_stage", "load_target"]
-
-
-def build_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
-    """Byte-level BPE on `texts` with the fixtures' special tokens and ChatML template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from vllm_liliprop.fixtures.tiny_models import CHAT_TEMPLATE, TINY_SPECIAL_TOKENS
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=TINY_SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
-                                      pad_token="<|endoftext|>",
-                                      additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|mask|>"])
-    wrapped.chat_template = CHAT_TEMPLATE
-    wrapped.save_pretrained(out_dir)
-    return wrapped
 
 
 def load_tokenizer(target_dir: Path):
@@ -79,8 +61,6 @@ def chat_sequences(tokenizer, pairs: list[tuple[str, str]], seq_len: int) -> lis
 @torch.no_grad()
 def heldout_loss(model, sequences: list[list[int]], pad_id: int, batch_size: int = 16) -> float:
     """Mean next-token CE (nats per token) over `sequences`."""
-    from training.lm import next_token_loss, pad_sequences
-
     total, count = 0.0, 0
     for i in range(0, len(sequences), batch_size):
         ce, n = next_token_loss(model, *pad_sequences(sequences[i:i + batch_size], pad_id))
@@ -101,7 +81,7 @@ def target_train_config(spec: dict[str, Any], output_dir: Path, seed: int) -> Tr
 
 def tokenizer_stage(train_texts: list[str], vocab_size: int, target_dir: Path) -> dict[str, Any]:
     """The BPE tokenizer into target_dir; returns {"vocab_size"}."""
-    return {"vocab_size": len(build_tokenizer(train_texts, vocab_size, target_dir))}
+    return {"vocab_size": len(train_chatml_tokenizer(train_texts, vocab_size, target_dir))}
 
 
 def load_target(target_dir: Path):
@@ -121,9 +101,6 @@ def target_stage(train_texts: list[str], heldout_texts: list[str], corpus: dict,
     "heldout_perplexity", "train_config"}.
     """
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    from training.build_stages.drafts import run_tail
-    from training.lm import run_lm_training
 
     tokenizer = load_tokenizer(target_dir)
     pad_id = tokenizer.eos_token_id

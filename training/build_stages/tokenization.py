@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from training.data import TokenizedDataset
+
 __all__ = ["tokenize_stage"]
 
 
@@ -17,8 +19,6 @@ def tokenize_stage(tokenizer, parts: dict[str, tuple[Iterable[dict], Path]], max
 
     Returns {part: {"examples", "tokens", "supervised_tokens"}}.
     """
-    from training.data import TokenizedDataset
-
     counts = {}
     for part, (conversations, output) in parts.items():
         dataset = TokenizedDataset.from_conversations(tokenizer, conversations, max_length,

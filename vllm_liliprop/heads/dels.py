@@ -15,7 +15,7 @@ drafted in this block). For draft slot s and vocabulary item v the two experts a
 
 Why log_softmax on the short logits: the paper and the public runtime add the *raw* short
 logits. The two differ only by logsumexp(short_s), which is constant over v, so argmax, softmax
-and every draft rule in `dels_rules.py` are unchanged. The normalized form is what makes a path
+and every DeLS draft rule are unchanged. The normalized form is what makes a path
 score well defined when the short term is summed over slots (Viterbi over a lattice), so this
 project uses it everywhere and the formula above is exact for all rules.
 
@@ -34,6 +34,7 @@ Heads share one incremental protocol, used by the draft rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -340,6 +341,64 @@ class UnigramPrior:
 
     def to(self, device: torch.device | str) -> "UnigramPrior":
         return UnigramPrior(self.log_probs.to(device), self.smoothing)
+
+
+# alpha or beta: one weight for every slot, or one per slot (a list, or a device tensor [S]).
+Schedule = float | Sequence[float] | torch.Tensor
+
+
+def check_fusion_weight(value, name: str) -> float | list[float]:
+    """alpha or beta as a head's config.json or a draft option gives it: a number, or a
+    non-empty list of numbers (one per draft slot), all finite -> float or list of floats.
+    ValueError naming `name` otherwise; JSON readers accept NaN and Infinity, and either would
+    turn every fused score non-finite."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    is_list = isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    if not (is_number or is_list):
+        raise ValueError(f"{name} = {value!r} must be a number or a non-empty list of numbers "
+                         "(one per draft slot)")
+    weights = [float(v) for v in value] if is_list else [float(value)]
+    if not all(math.isfinite(v) for v in weights):
+        raise ValueError(f"{name} = {value!r} must be finite; use e.g. 0.3")
+    return weights if is_list else weights[0]
+
+
+def slot_weights(value: float | Sequence[float], num_slots: int, name: str,
+                 proposer: str = "the drafter") -> list[float]:
+    """A checked weight (`check_fusion_weight`) as `num_slots` per-slot weights: a number for
+    every slot; a longer list (trained for a larger block) cut to its first num_slots entries;
+    a shorter one is a ValueError."""
+    if isinstance(value, (int, float)):
+        return [float(value)] * num_slots
+    if len(value) < num_slots:
+        raise ValueError(f"{name} has {len(value)} per-slot weights but {proposer} proposes "
+                         f"{num_slots} tokens; give one number or >= {num_slots} entries")
+    return [float(v) for v in value[:num_slots]]
+
+
+def check_prefix_len(pure_draft_prefix_len: int) -> None:
+    if pure_draft_prefix_len not in (0, 1):
+        raise ValueError(f"pure_draft_prefix_len={pure_draft_prefix_len!r} must be 0 (correct every "
+                         "slot, short head reads the anchor) or 1 (public DeLS-Spec layout)")
+
+
+def slot_schedule(value: Schedule, num_slots: int, name: str, device: torch.device | str,
+                  pure_draft_prefix_len: int = 0) -> torch.Tensor:
+    """The weights a draft step applies: a weight or a per-slot list/tensor -> fresh fp32 [S],
+    with the pure-draft slots < P set to 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number or a per-slot schedule, got a bool")
+    if isinstance(value, (int, float)):
+        weights = torch.full((num_slots,), float(value), dtype=torch.float32, device=device)
+    else:
+        weights = torch.as_tensor(value, dtype=torch.float32).to(device).reshape(-1).clone()
+        if torch.as_tensor(value).dim() > 1 or weights.numel() not in (1, num_slots):
+            raise ValueError(f"{name} must be a number or a schedule of {num_slots} per-slot "
+                             f"weights (one per speculative token), got {weights.numel()} entries")
+        weights = weights.expand(num_slots).clone()
+    weights[:pure_draft_prefix_len] = 0.0
+    return weights
 
 
 def _fusion_weight(value, name: str, long_logits: torch.Tensor, dtype: torch.dtype):

@@ -40,17 +40,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from vllm_liliprop.faults import check_loaded_weights
-from vllm_liliprop.heads.dels import RANK_ACTIVATIONS, GRUShortHead, MarkovShortHead, UnigramPrior
+from vllm_liliprop.heads.dels import (
+    RANK_ACTIVATIONS, GRUShortHead, MarkovShortHead, UnigramPrior, check_fusion_weight,
+    slot_weights
+)
 
 DELS_FORMAT_VERSION = 1
 DELS_SUBFOLDER = "dels"
@@ -60,19 +63,6 @@ KINDS = ("gru", "markov")
 EMBEDDING_SOURCES = ("target", "checkpoint")
 PRIOR_KEY = "prior.log_probs"
 EMBED_KEY = "embed.weight"
-
-
-def _check_weight(value, name: str):
-    if isinstance(value, bool):
-        raise ValueError(f"config field {name!r} must be a number or a list of numbers, got a bool")
-    numbers = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-        raise ValueError(f"config field {name!r} must be a number or a non-empty list of numbers "
-                         f"(one per draft slot), got {value!r}")
-    # json.loads reads NaN and Infinity; either would make every fused score non-finite.
-    if not all(math.isfinite(v) for v in numbers):
-        raise ValueError(f"config field {name!r} = {value!r} must be finite; use e.g. 0.3")
-    return [float(v) for v in numbers] if isinstance(value, (list, tuple)) else float(value)
 
 
 # The fusion weights alpha and beta when a head's config names none (the DeLS-Spec paper's 0.3).
@@ -121,14 +111,14 @@ class DelsConfig:
                                  f"{EMBEDDING_SOURCES}")
         if self.pure_draft_prefix_len not in (0, 1):
             raise ValueError(f"pure_draft_prefix_len={self.pure_draft_prefix_len!r} must be 0 or 1")
-        self.alpha = _check_weight(self.alpha, "alpha")
-        self.beta = _check_weight(self.beta, "beta")
+        self.alpha = check_fusion_weight(self.alpha, "config field 'alpha'")
+        self.beta = check_fusion_weight(self.beta, "config field 'beta'")
 
     @classmethod
     def for_head(cls, head: GRUShortHead | MarkovShortHead, prior: UnigramPrior,
                  **fields) -> "DelsConfig":
         """The structural fields read off `head` and `prior`; other fields from **fields."""
-        return cls(**{**_head_structure(head), "prior_smoothing": prior.smoothing, **fields})
+        return cls(**{**head_structure(head), "prior_smoothing": prior.smoothing, **fields})
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "DelsConfig":
@@ -155,16 +145,10 @@ class DelsConfig:
         a larger block) is cut to its first num_slots entries; a shorter one is an error."""
         if name not in ("alpha", "beta"):
             raise ValueError(f"name={name!r} must be 'alpha' or 'beta'")
-        value = getattr(self, name)
-        if isinstance(value, float):
-            return [value] * num_slots
-        if len(value) < num_slots:
-            raise ValueError(f"config field {name!r} has {len(value)} per-slot weights but the drafter "
-                             f"proposes {num_slots} tokens; give a single number or >= {num_slots} entries")
-        return value[:num_slots]
+        return slot_weights(getattr(self, name), num_slots, f"config field {name!r}")
 
 
-def _head_structure(head: GRUShortHead | MarkovShortHead) -> dict:
+def head_structure(head: GRUShortHead | MarkovShortHead) -> dict:
     structure = {"kind": head.kind, "vocab_size": head.vocab_size, "rank": head.rank}
     if isinstance(head, GRUShortHead):
         structure.update(embed_dim=head.embed_dim, hidden_size=head.hidden_size,
@@ -225,7 +209,7 @@ def save_dels_head(dir: str | Path, head: GRUShortHead | MarkovShortHead, prior:
     if (dir / CONFIG_NAME).exists() and not _is_dels_folder(dir):
         raise ValueError(f"{dir / CONFIG_NAME} exists and is not a DeLS config (a model's?); "
                          f"save into {dir / DELS_SUBFOLDER} instead")
-    for name, value in _head_structure(head).items():
+    for name, value in head_structure(head).items():
         if getattr(config, name) != value:
             raise ValueError(f"config.{name}={getattr(config, name)!r} does not match the head "
                              f"({value!r}); build the config with DelsConfig.for_head")
@@ -289,7 +273,7 @@ def build_dels_head(config: DelsConfig, target_embedding_weight: torch.Tensor | 
                         device=device, dtype=dtype)
 
 
-def _read_config(path: Path) -> DelsConfig:
+def read_dels_config(path: Path) -> DelsConfig:
     """A DeLS config.json; every error names the file."""
     try:
         return DelsConfig.from_dict(json.loads(path.read_text()))
@@ -325,7 +309,7 @@ def load_dels_head(dir: str | Path, target_embedding_weight: torch.Tensor | None
     folder = find_dels_dir(dir)
     if device is None:
         device = target_embedding_weight.device if target_embedding_weight is not None else "cpu"
-    config = _read_config(folder / CONFIG_NAME)
+    config = read_dels_config(folder / CONFIG_NAME)
     if config.vocab_size != expected_vocab_size:
         raise ValueError(f"vocab_size: the DeLS head at {folder} was trained for vocab_size="
                          f"{config.vocab_size} but the drafter has {expected_vocab_size} logits; "
@@ -483,8 +467,6 @@ def _read_public_counts(path: Path, vocab_size: int) -> torch.Tensor:
         if not isinstance(counts, torch.Tensor):
             raise ValueError(f"{path}: expected a counts tensor or a dict with 'counts'")
     elif path.suffix == ".npz":
-        import numpy as np
-
         with np.load(path) as stats:
             if "counts" not in stats.files:
                 raise ValueError(f"{path} has no 'counts' array")

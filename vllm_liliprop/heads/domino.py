@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vllm_liliprop.faults import check_loaded_weights
@@ -112,8 +113,6 @@ class DominoHead(nn.Module):
 
 
 def save_domino_head(folder: str | Path, head: DominoHead, dtype: torch.dtype = torch.bfloat16) -> Path:
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu", dtype).contiguous() for name, t in head.state_dict().items()}
@@ -138,8 +137,6 @@ def find_domino_dir(path: str | Path) -> Path:
 def load_domino_head(path: str | Path, embed_weight: torch.Tensor, *, device=None,
                      dtype: torch.dtype = torch.float32) -> DominoHead:
     """Load and validate a Domino head folder; every mismatch names the field and the fix."""
-    from safetensors.torch import load_file
-
     folder = find_domino_dir(path)
     try:
         fields = json.loads((folder / CONFIG_NAME).read_text())

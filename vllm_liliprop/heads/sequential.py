@@ -18,7 +18,7 @@ with the ground truth; tests check the identity). prev ids are always target ids
 `vocab_ids` (a reduced draft vocabulary, ascending target ids) scores index that vocabulary and
 each drafted index is mapped to its target id before the head consumes it.
 
-Ties: argmax takes the lowest index. Faults as in `dels_rules` (faults.non_finite_rows).
+Ties: argmax takes the lowest index. Faults as in `rules/dels_draft.py` (faults.non_finite_rows).
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ inside the CUDA branch).
         reference: vllm_liliprop.walks.viterbi_walk
     dels_argmax(long [N, V], short [N, V], log_prior [V], alpha, beta) -> ids [N] int64
         reference: vllm_liliprop.kernels.reference.dels_argmax
-    dels_fuse_at_candidates(long, short, log_prior, alpha, beta, candidate_ids [N, K])
-        -> fp32 [N, K]; reference: vllm_liliprop.kernels.reference.dels_fuse_at_candidates
 
 Shared numerical contract of the kernels (each module's docstring has the details):
   - accumulation in fp32 (Viterbi path sums in fp64, as its reference);
@@ -43,9 +41,12 @@ import importlib.util
 
 import torch
 
+from vllm_liliprop import walks
+from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
+from vllm_liliprop.kernels import reference
+
 __all__ = [
     "dels_argmax",
-    "dels_fuse_at_candidates",
     "greedy_walk",
     "topk_candidates",
     "triton_available",
@@ -68,8 +69,6 @@ def topk_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
         from vllm_liliprop.kernels import triton_topk
 
         return triton_topk.topk_candidates(logits, k)
-    from vllm_liliprop.heads.candidates import topk_candidates as torch_topk_candidates
-
     return torch_topk_candidates(logits, k)
 
 
@@ -78,8 +77,6 @@ def greedy_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         from vllm_liliprop.kernels import triton_walks
 
         return triton_walks.greedy_walk(start, pairs)
-    from vllm_liliprop import walks
-
     return walks.greedy_walk(start, pairs)
 
 
@@ -89,8 +86,6 @@ def viterbi_walk(start: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
 
         if triton_walks.viterbi_fits(num_slots=pairs.shape[1] + 1, k=start.shape[1]):
             return triton_walks.viterbi_walk(start, pairs)
-    from vllm_liliprop import walks
-
     return walks.viterbi_walk(start, pairs)
 
 
@@ -109,17 +104,5 @@ def dels_argmax(long_logits, short_logits, log_prior, alpha, beta) -> torch.Tens
         from vllm_liliprop.kernels import triton_dels
 
         return triton_dels.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
-    from vllm_liliprop.kernels import reference
-
     return reference.dels_argmax(long_logits, short_logits, log_prior, alpha, beta)
 
-
-def dels_fuse_at_candidates(long_logits, short_logits, log_prior, alpha, beta, candidate_ids) -> torch.Tensor:
-    args = (long_logits, short_logits, log_prior, alpha, beta, candidate_ids)
-    if _dels_kernel_layout(long_logits, short_logits):
-        from vllm_liliprop.kernels import triton_dels
-
-        return triton_dels.dels_fuse_at_candidates(*args)
-    from vllm_liliprop.kernels import reference
-
-    return reference.dels_fuse_at_candidates(*args)

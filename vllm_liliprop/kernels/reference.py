@@ -13,10 +13,3 @@ def dels_argmax(long_logits, short_logits, log_prior, alpha, beta) -> torch.Tens
     """ids [...] int64: argmax over V of dels_fuse(long_logits, short_logits, log_prior, alpha, beta)."""
     return dels_fuse(long_logits, short_logits, log_prior, alpha, beta).argmax(dim=-1)
 
-
-def dels_fuse_at_candidates(
-    long_logits, short_logits, log_prior, alpha, beta, candidate_ids
-) -> torch.Tensor:
-    """fp32 [..., K]: dels_fuse(...) gathered at candidate_ids [..., K] along the vocabulary."""
-    fused = dels_fuse(long_logits, short_logits, log_prior, alpha, beta)
-    return fused.gather(-1, candidate_ids.long()).float()

@@ -1,18 +1,15 @@
 """DeLS-Spec fusion kernels: fused = long + alpha * log_softmax(short) - beta * log_prior.
 
 The formula is vllm_liliprop.heads.dels.dels_fuse's, with [N, V] rows and alpha/beta given per
-row (a number, a 0-dim tensor, or [N]). Two consumers never need the [N, V] fused tensor:
+row (a number, a 0-dim tensor, or [N]).
 
-dels_argmax: the fused argmax of each row, in one read of long and short. log_softmax(short)
+dels_argmax: the fused argmax of each row, without the [N, V] fused tensor, in one read of long and short. log_softmax(short)
   differs from short by logsumexp(short), a constant of the row, so the argmax is taken over
   long + alpha * short - beta * log_prior and no V-wide normalizer is computed (the same
   shortcut dels_rules.py takes). Same split-vocabulary layout as the top-K kernel: stage 1,
   grid (N, splits), keeps the best selection key of its slice; stage 2 reduces the splits.
   The ids equal dels_fuse(...).argmax(-1) except where two fused values are within rounding
   of each other (the two forms round differently).
-dels_fuse_at_candidates: the fused scores at K given token ids per row. The log-softmax needs
-  logsumexp(short) over the whole row: stage 1 computes split partials (max, sum-exp) of
-  short, stage 2 merges them and gathers long, short and log_prior at the K ids.
 
 Numerics: fp32 throughout (inputs of any float dtype are upcast in the kernel; fp64 inputs are
 computed in fp32, unlike the reference, which keeps fp64). Ties go to the lowest token id.
@@ -30,8 +27,6 @@ from vllm_liliprop.kernels.triton_keys import (
     KEY_NONE,
     MAX,
     key_index,
-    merged_log_partition,
-    online_logsumexp,
     selection_key,
 )
 
@@ -90,75 +85,6 @@ def _dels_argmax_merge_kernel(
     split = tl.arange(0, BLOCK_SPLITS)
     keys = tl.load(part_keys_ptr + row * num_splits + split, mask=split < num_splits, other=KEY_NONE)
     tl.store(ids_ptr + row, key_index(tl.reduce(keys, 0, MAX)))
-
-
-@triton.jit
-def _logsumexp_partial_kernel(
-    x_ptr,
-    x_row_stride,
-    vocab_size,
-    blocks_per_split,
-    part_max_ptr,  # [N, splits] fp32
-    part_sumexp_ptr,  # [N, splits] fp32
-    BLOCK_V: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    lane = tl.arange(0, BLOCK_V)
-    run_max = tl.full([], float("-inf"), tl.float32)
-    run_sumexp = tl.zeros([], tl.float32)
-    first_col = split * blocks_per_split * BLOCK_V
-    for block in range(blocks_per_split):
-        cols = first_col + block * BLOCK_V + lane
-        x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < vocab_size, other=float("-inf"))
-        x = x.to(tl.float32)
-        run_max, run_sumexp = online_logsumexp(run_max, run_sumexp, x)
-    part = row * tl.num_programs(1) + split
-    tl.store(part_max_ptr + part, run_max)
-    tl.store(part_sumexp_ptr + part, run_sumexp)
-
-
-@triton.jit
-def _dels_at_candidates_kernel(
-    long_ptr,
-    long_row_stride,
-    short_ptr,
-    short_row_stride,
-    prior_ptr,
-    alpha,
-    alpha_stride,
-    beta,
-    beta_stride,
-    ids_ptr,
-    ids_row_stride,
-    ids_col_stride,
-    part_max_ptr,
-    part_sumexp_ptr,
-    scores_ptr,  # [N, K] fp32
-    num_splits,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-    ALPHA_IS_TENSOR: tl.constexpr,
-    BETA_IS_TENSOR: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    short_log_norm = merged_log_partition(part_max_ptr, part_sumexp_ptr, row, num_splits, BLOCK_SPLITS)
-
-    a = alpha
-    if ALPHA_IS_TENSOR:
-        a = tl.load(alpha + row * alpha_stride).to(tl.float32)
-    b = beta
-    if BETA_IS_TENSOR:
-        b = tl.load(beta + row * beta_stride).to(tl.float32)
-    lane = tl.arange(0, BLOCK_K)
-    is_candidate = lane < K
-    ids = tl.load(ids_ptr + row * ids_row_stride + lane * ids_col_stride, mask=is_candidate, other=0)
-    long = tl.load(long_ptr + row * long_row_stride + ids, mask=is_candidate, other=0.0).to(tl.float32)
-    short = tl.load(short_ptr + row * short_row_stride + ids, mask=is_candidate, other=0.0).to(tl.float32)
-    prior = tl.load(prior_ptr + ids, mask=is_candidate, other=0.0).to(tl.float32)
-    fused = long + a * (short - short_log_norm) - b * prior
-    tl.store(scores_ptr + row * K + lane, fused, mask=is_candidate)
 
 
 def _check_fusion_inputs(long_logits, short_logits, log_prior):
@@ -243,78 +169,3 @@ def dels_argmax(
     )
     return ids
 
-
-def dels_fuse_at_candidates(
-    long_logits: torch.Tensor,
-    short_logits: torch.Tensor,
-    log_prior: torch.Tensor,
-    alpha,
-    beta,
-    candidate_ids: torch.Tensor,
-    *,
-    block_v: int = DEFAULT_BLOCK_V,
-    num_splits: int | None = None,
-) -> torch.Tensor:
-    """dels_fuse(long, short, log_prior, alpha, beta).gather(1, candidate_ids), without the
-    [N, V] intermediate.
-
-    long_logits, short_logits [N, V], log_prior [V], alpha/beta a number, a 0-dim tensor or
-    [N], candidate_ids [N, K] int32/int64 in [0, V) (not range checked: that would read the
-    device). Returns fp32 [N, K].
-    """
-    num_rows, vocab_size = _check_fusion_inputs(long_logits, short_logits, log_prior)
-    device = long_logits.device
-    check_tensor("candidate_ids", candidate_ids, 2, floating=False)
-    if candidate_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"candidate_ids must be int32 or int64 token ids, got {candidate_ids.dtype}")
-    check_same_device(long_logits=long_logits, candidate_ids=candidate_ids)
-    check_dim("candidate_ids", candidate_ids, 0, num_rows, "long_logits.shape[0] (N)")
-    k = candidate_ids.shape[1]
-    if k < 1:
-        raise ValueError(
-            f"candidate_ids must hold at least one id per row, got shape {tuple(candidate_ids.shape)}"
-        )
-    alpha_arg, alpha_is_tensor, alpha_stride = row_coefficient("alpha", alpha, num_rows, device)
-    beta_arg, beta_is_tensor, beta_stride = row_coefficient("beta", beta, num_rows, device)
-    scores = torch.empty(num_rows, k, dtype=torch.float32, device=device)
-    if num_rows == 0:
-        return scores
-    long_logits, short_logits = _unit_stride_rows(long_logits), _unit_stride_rows(short_logits)
-    log_prior = _unit_stride_rows(log_prior)
-    num_splits, blocks_per_split = _split_vocabulary(num_rows, vocab_size, block_v, num_splits, device)
-    part_max = torch.empty(num_rows, num_splits, dtype=torch.float32, device=device)
-    part_sumexp = torch.empty_like(part_max)
-    _logsumexp_partial_kernel[(num_rows, num_splits)](
-        short_logits,
-        short_logits.stride(0),
-        vocab_size,
-        blocks_per_split,
-        part_max,
-        part_sumexp,
-        BLOCK_V=block_v,
-        num_warps=8 if block_v >= 2048 else 4,
-    )
-    _dels_at_candidates_kernel[(num_rows,)](
-        long_logits,
-        long_logits.stride(0),
-        short_logits,
-        short_logits.stride(0),
-        log_prior,
-        alpha_arg,
-        alpha_stride,
-        beta_arg,
-        beta_stride,
-        candidate_ids,
-        *candidate_ids.stride(),
-        part_max,
-        part_sumexp,
-        scores,
-        num_splits,
-        K=k,
-        BLOCK_K=triton.next_power_of_2(k),
-        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-        ALPHA_IS_TENSOR=alpha_is_tensor,
-        BETA_IS_TENSOR=beta_is_tensor,
-        num_warps=1,
-    )
-    return scores

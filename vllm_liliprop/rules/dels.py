@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_liliprop.heads.dels import SubVocabShortHead
+from vllm_liliprop.heads.dels import SubVocabShortHead, slot_weights
 from vllm_liliprop.heads.dels_io import load_dels_head
-from vllm_liliprop.heads.dels_rules import dels_draft, dels_draft_sampled
+from vllm_liliprop.rules.dels_draft import dels_draft, dels_draft_sampled
 from vllm_liliprop.options import LiliPropOptions, OptionError
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput, head_folder, scored_logits, to_target_ids
 from vllm_liliprop.rules.lattice import sampling_temperature
@@ -21,21 +21,16 @@ def load_dels(options: LiliPropOptions, resources):
         path, resources.embed_weight, resources.vocab_size, resources.tokenizer_fingerprint,
         device=resources.device,
     )
-    num_slots = resources.num_slots
     weights = {}
     for name in ("alpha", "beta"):
         override = getattr(options, f"dels_{name}")
-        if override is None:
-            weights[name] = config.slot_weights(name, num_slots)
-        elif isinstance(override, float):
-            weights[name] = [override] * num_slots
-        elif len(override) < num_slots:
-            raise OptionError(
-                f"dels_{name} has {len(override)} per-slot weights but the draft proposes "
-                f"{num_slots} tokens; give one number or at least {num_slots} entries."
-            )
-        else:
-            weights[name] = list(override[:num_slots])
+        if override is None:  # the head's own weights
+            weights[name] = config.slot_weights(name, resources.num_slots)
+            continue
+        try:
+            weights[name] = slot_weights(override, resources.num_slots, f"dels_{name}", "the draft")
+        except ValueError as exc:
+            raise OptionError(f"{exc}.") from None
     return head.eval(), prior.log_probs, weights["alpha"], weights["beta"], config.pure_draft_prefix_len
 
 

@@ -12,6 +12,11 @@ import torch
 from vllm_liliprop.faults import check_loaded_weights
 from vllm_liliprop.options import LiliPropOptions, OptionError
 from vllm_liliprop.rules.base import ArgmaxRule, DraftRule
+from vllm_liliprop.rules.dels import DelsRule
+from vllm_liliprop.rules.domino import DominoRule
+from vllm_liliprop.rules.dspark import DSparkRule
+from vllm_liliprop.rules.lattice import LatticeRule
+from vllm_liliprop.rules.lattice_dels import LatticeDelsRule
 
 
 @dataclass
@@ -75,23 +80,13 @@ def build_rule(options: LiliPropOptions, resources: RuleResources) -> DraftRule:
     if options.uses_lattice:
         check_lattice_weights(resources)
     if options.rule == "lattice":
-        from vllm_liliprop.rules.lattice import LatticeRule
-
         return LatticeRule.from_resources(options, resources)
     if options.rule == "dels":
-        from vllm_liliprop.rules.dels import DelsRule
-
         return DelsRule.from_resources(options, resources)
     if options.rule == "lattice+dels":
-        from vllm_liliprop.rules.lattice_dels import LatticeDelsRule
-
         return LatticeDelsRule.from_resources(options, resources)
     if options.rule == "dspark":
-        from vllm_liliprop.rules.dspark import DSparkRule
-
         return DSparkRule.from_resources(options, resources)
     if options.rule == "domino":
-        from vllm_liliprop.rules.domino import DominoRule
-
         return DominoRule.from_resources(options, resources)
     raise OptionError(f"rule = {options.rule!r} is unknown.")

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
@@ -106,16 +107,12 @@ def request_seed(seed: int | None, index: int, turn: int) -> int | None:
     """A stable per-request seed from the run seed, the conversation and the turn."""
     if seed is None:
         return None
-    import random
-
     return random.Random(f"{seed}:{index}:{turn}").getrandbits(31)
 
 
 def output_hash(turn_token_ids: list[list[int]]) -> str:
     """A short fingerprint of one conversation's generated token ids (every turn): equal
     fingerprints at T = 0 show a system reproduced plain decoding exactly."""
-    import hashlib
-
     return hashlib.sha256(json.dumps(turn_token_ids).encode()).hexdigest()[:16]
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import torch
 from vllm.logger import init_logger
 
 from vllm_liliprop.options import DSPARK_ARCH, LILICORR_ARCH, env_options
@@ -165,8 +166,6 @@ def expand_kernel_cpu(output, input_val, cu_num_tokens, replace_from, replace_to
                       MAX_NUM_TOKENS=None):
     """output[cu[i-1]:cu[i]] = input[i], with replace_from mapped to replace_to (vLLM's
     `expand_kernel` contract), for any dtype."""
-    import torch
-
     values = torch.where(input_val == replace_from,
                          torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())

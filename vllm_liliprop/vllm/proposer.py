@@ -25,17 +25,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from typing_extensions import override
-
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
+from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
-from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.rules.factory import RuleResources, build_rule
+from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 
 logger = init_logger("vllm.liliprop.proposer")
@@ -45,8 +46,6 @@ def read_head_weights(draft_dir: Path, prefix: str) -> dict[str, torch.Tensor]:
     """The tensors of one head (`lilicorr.`: the LiLiCorr head, `markov_head.`: DSpark's) from
     the checkpoint files, named without `model.` and `prefix`. vLLM's loader has checked their
     coverage; its in-memory copies may already be repacked for the CPU GEMM kernels."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for path in sorted(draft_dir.glob("*.safetensors")):
         for name, value in load_file(str(path)).items():
@@ -191,8 +190,6 @@ class LiliPropProposer(DFlashProposer):
     def _tokenizer_fingerprint(self) -> str | None:
         try:
             from transformers import AutoTokenizer
-
-            from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
         except ImportError:
             return None
         try:
