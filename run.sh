@@ -18,8 +18,10 @@ run() {
         --temperatures 0 --concurrency 1 --limit 1 --max-tokens 64 "$@"
 }
 # Timed in bf16, the target's own dtype: the CPU verification pass of a block costs least there.
+# --paired: AR runs again on each system's prompts just before it (an AR engine kept open), so
+# every speedup is a ratio measured side by side even when the machine's speed drifts.
 echo "[main job] 1/2: speed, bf16 (tables below)"
-run --engine-flags '{"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": true}' \
+run --engine-flags '{"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": true}' --paired \
     --stages DFlash,LiLiCorr-greedy,DeLS-GRU,Domino,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token

@@ -29,6 +29,8 @@ def test_run_sh_evaluates_the_shipped_drafts_and_writes_plots(tmp_path):
     assert set(results["system"]) == {"AR", "LiLiCorr-greedy"}
     lattice = results[results["system"] == "LiLiCorr-greedy"]
     assert (lattice["num_drafts"] > 0).all() and (lattice["tau"] >= 1.0).all()
+    paired = lattice[lattice["kind"] == "run"]
+    assert (paired["paired_ar_wall_s"] > 0).all()  # every speedup is over AR measured beside it
     runs = results[results["kind"] == "run"]
     assert set(runs["benchmark"]) == {"humaneval", "mtbench", "aime2024", "math500", "aime2025",
                                       "gsm8k", "alpacaeval"}
