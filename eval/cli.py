@@ -97,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--engine-flags", default="{}", metavar="JSON",
                         help="vllm.LLM keyword arguments, e.g. '{\"max_model_len\": 8192, "
                              "\"enable_prefix_caching\": false, \"dtype\": \"bfloat16\"}'")
-    engine.add_argument("--yarn-factor", type=float, help="YaRN positional extension factor")
+    engine.add_argument("--yarn-factor", type=float,
+                        help="YaRN positional extension factor of the target (and of the draft, "
+                             "unless --draft-yarn-factor is given)")
+    engine.add_argument("--draft-yarn-factor", type=float,
+                        help="the draft's own YaRN factor (0: none on the draft)")
     engine.add_argument("--yarn-original-max-position", type=int,
                         help="YaRN original context (default: the model's max_position_embeddings)")
 
@@ -127,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--tokens", type=int, default=3, help="generated tokens per sample")
     dist.add_argument("--concurrency", type=int, default=64)
     dist.add_argument("--engine-flags", default="{}", metavar="JSON")
-    dist.set_defaults(yarn_factor=None, yarn_original_max_position=None)
+    dist.set_defaults(yarn_factor=None, yarn_original_max_position=None, draft_yarn_factor=None)
 
     target = sub.add_parser("fetch-target", help="download and convert a pinned target model into "
                                                  "the cache; prints its folder")
@@ -160,6 +164,8 @@ def engine_flags_from_args(args) -> dict:
         flags["yarn"] = {"factor": args.yarn_factor}
         if args.yarn_original_max_position:
             flags["yarn"]["original_max_position_embeddings"] = args.yarn_original_max_position
+    if args.draft_yarn_factor is not None:
+        flags["draft_yarn"] = {"factor": args.draft_yarn_factor} if args.draft_yarn_factor > 0 else None
     return flags
 
 

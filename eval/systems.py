@@ -41,7 +41,7 @@ ENTRY_KEYS = ("speculative_config", "liliprop", "dels_grid", "description")
 # Speed-relevant engine flags: shared by all arms of a comparison, never set per system.
 ENGINE_FLAG_KEYS = (
     "dtype", "max_model_len", "enable_prefix_caching", "enforce_eager", "max_num_seqs",
-    "max_num_batched_tokens", "gpu_memory_utilization", "hf_overrides", "yarn", "kv_cache_dtype",
+    "max_num_batched_tokens", "gpu_memory_utilization", "hf_overrides", "yarn", "draft_yarn", "kv_cache_dtype",
     "enable_chunked_prefill", "tensor_parallel_size", "quantization", "block_size",
     "async_scheduling", "compilation_config", "engine_flags", "engine",
 )

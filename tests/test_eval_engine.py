@@ -24,12 +24,34 @@ def test_yarn_flag_becomes_a_picklable_override_of_any_config():
     assert config.max_position_embeddings == 2048
     with pytest.raises(ValueError, match="max_num_seqs"):
         llm_kwargs({"max_num_seqs": 4})
-    with pytest.raises(ValueError, match="both 'yarn' and 'hf_overrides'"):
+    with pytest.raises(ValueError, match="both 'yarn'/'draft_yarn' and 'hf_overrides'"):
         llm_kwargs({"yarn": {"factor": 2}, "hf_overrides": {"x": 1}})
 
 
+def test_target_and_draft_get_their_own_yarn_settings():
+    from transformers import Qwen3Config
+
+    from vllm_liliprop.vllm.offline import llm_kwargs
+
+    def extended(kwargs, architecture):
+        config = kwargs["hf_overrides"](Qwen3Config(max_position_embeddings=2048, architectures=[architecture]))
+        return config.max_position_embeddings
+
+    both = llm_kwargs({"yarn": {"factor": 4}})
+    assert extended(both, "Qwen3ForCausalLM") == extended(both, "DFlashDraftModel") == 8192
+    apart = llm_kwargs({"yarn": {"factor": 4}, "draft_yarn": {"factor": 2}})
+    assert (extended(apart, "Qwen3ForCausalLM"), extended(apart, "LiLiCorrDraftModel")) == (8192, 4096)
+    target_only = llm_kwargs({"yarn": {"factor": 4}, "draft_yarn": None})
+    assert (extended(target_only, "Qwen3ForCausalLM"), extended(target_only, "Qwen3DSparkModel")) == (8192, 2048)
+    draft_only = llm_kwargs({"draft_yarn": {"factor": 2}})
+    assert (extended(draft_only, "Qwen3ForCausalLM"), extended(draft_only, "DFlashDraftModel")) == (2048, 4096)
+    assert "hf_overrides" not in llm_kwargs({"draft_yarn": None})
+    with pytest.raises(ValueError, match="draft_yarn = 'x' must be an object with a number 'factor' > 0"):
+        llm_kwargs({"draft_yarn": "x"})
+
+
 @pytest.mark.slow
-def test_multi_turn_batch_follows_own_answers_with_yarn_on_target_and_draft(tiny_models):
+def test_multi_turn_batch_follows_own_answers_with_yarn_of_its_own_on_target_and_draft(tiny_models):
     from transformers import AutoTokenizer
 
     from eval.prompts import PromptRenderer
@@ -45,14 +67,16 @@ def test_multi_turn_batch_follows_own_answers_with_yarn_on_target_and_draft(tiny
 
     spec = {"method": "dflash", "model": tiny_models["draft"], "num_speculative_tokens": 7}
     # 4096 > the tiny target's 2048 positions: only valid with the YaRN extension.
-    flags = {"dtype": "float32", "max_model_len": 4096, "enforce_eager": True, "yarn": {"factor": 2.0}}
+    flags = {"dtype": "float32", "max_model_len": 4096, "enforce_eager": True, "yarn": {"factor": 2.0},
+             "draft_yarn": {"factor": 4.0}}
     conversations = [["def foo(x):", "and then?"], ["import os"], ["class A:", "more", "again"]]
     with OfflineEngine(tiny_models["target"], flags, spec, None, max_num_seqs=2) as engine:
         config = engine.llm.llm_engine.vllm_config
         assert config.scheduler_config.max_num_seqs == 2
         assert engine.max_model_len == 4096
-        for hf in (config.model_config.hf_config, config.speculative_config.draft_model_config.hf_config):
-            assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 2.0
+        for hf, factor in ((config.model_config.hf_config, 2.0),
+                           (config.speculative_config.draft_model_config.hf_config, 4.0)):
+            assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == factor
         warm = engine.run_batch(conversations, render, Sampling(0.0, 4, None, True), max_turns=1)
         assert [len(a) for a in warm.answers] == [1, 1, 1] and warm.output_tokens == 12
         seen.clear()

@@ -136,6 +136,8 @@ def test_engine_flags_are_shared_and_reserved_ones_refused():
                                      "--yarn-original-max-position", "1024"])
     assert engine_flags_from_args(args) == {
         "max_model_len": 4096, "yarn": {"factor": 4.0, "original_max_position_embeddings": 1024}}
+    args = parser.parse_args(base + ["--yarn-factor", "4", "--draft-yarn-factor", "0"])
+    assert engine_flags_from_args(args) == {"yarn": {"factor": 4.0}, "draft_yarn": None}
     for flag, where in [("max_num_seqs", "--concurrency"), ("speculative_config", "systems file")]:
         args = parser.parse_args(base + ["--engine-flags", json.dumps({flag: 1})])
         with pytest.raises(ValueError, match=where):

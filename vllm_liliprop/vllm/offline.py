@@ -10,10 +10,12 @@ speculative-decoding counters of that batch alone (two cumulative reads subtract
 `StageTimer` splits engine steps into stages (paper Table 3) by wrapping methods of the in-process
 model runner and drafter (see its docstring); it needs `VLLM_ENABLE_V1_MULTIPROCESSING=0`.
 
-Engine flags are plain `vllm.LLM` keyword arguments, plus one key of this module:
+Engine flags are plain `vllm.LLM` keyword arguments, plus two keys of this module:
 `yarn = {"factor": F, "original_max_position_embeddings": N (optional)}`, the YaRN positional
-extension. It becomes a callable `hf_overrides`, which vLLM applies to the target and the draft
-configs alike (a dict `hf_overrides` would reach the target only).
+extension, and `draft_yarn`, the draft's own (same form; null: none). Without `draft_yarn` the
+draft gets `yarn` too. They become one callable `hf_overrides`, which vLLM applies to the target
+and the draft configs alike (a dict `hf_overrides` would reach the target only); it tells the two
+apart by the draft architectures' names.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ Messages = list[dict[str, str]]
 RenderFn = Callable[[Messages], list[int]]
 
 YARN_KEY = "yarn"
+DRAFT_YARN_KEY = "draft_yarn"
+# Architecture names of draft configs (DFlash, LiLiCorr, DSpark, and vLLM's other drafters): the
+# YaRN override tells a draft's config from the target's by them.
+DRAFT_ARCHITECTURE_MARKERS = ("DFlash", "LiLiCorr", "DSpark", "Eagle", "EAGLE", "Medusa", "MTP", "Draft")
 # Set by the engine for every system: counters must be on, the batch size comes from concurrency,
 # the speculative config from the system.
 RESERVED_FLAGS = ("model", "speculative_config", "max_num_seqs", "disable_log_stats")
@@ -71,27 +77,46 @@ def apply_yarn(hf_config, factor: float, original_max_position_embeddings: int |
     return hf_config
 
 
+def is_draft_config(hf_config) -> bool:
+    return any(marker in name for name in (getattr(hf_config, "architectures", None) or [])
+               for marker in DRAFT_ARCHITECTURE_MARKERS)
+
+
+def apply_yarn_by_role(hf_config, target: dict | None, draft: dict | None):
+    """`apply_yarn` with the target's setting or the draft's, whichever config this is (None:
+    leave it unchanged)."""
+    setting = draft if is_draft_config(hf_config) else target
+    if not setting:
+        return hf_config
+    return apply_yarn(hf_config, float(setting["factor"]), setting.get("original_max_position_embeddings"))
+
+
+def _yarn_setting(engine_flags: dict, key: str) -> dict | None:
+    yarn = engine_flags.get(key)
+    if yarn is not None and (not isinstance(yarn, dict) or not isinstance(yarn.get("factor"), (int, float))
+                             or yarn["factor"] <= 0):
+        raise ValueError(f"engine flag {key} = {yarn!r} must be an object with a number 'factor' > 0"
+                         + (" (or null: no YaRN on the draft)" if key == DRAFT_YARN_KEY else "") + ".")
+    return yarn
+
+
 def llm_kwargs(engine_flags: dict) -> dict:
-    """`vllm.LLM` keyword arguments for the shared engine flags (the `yarn` key translated)."""
+    """`vllm.LLM` keyword arguments for the shared engine flags (the `yarn` and `draft_yarn`
+    keys translated)."""
     reserved = sorted(set(engine_flags) & set(RESERVED_FLAGS))
     if reserved:
         raise ValueError(
             f"engine flags {reserved} are set per system or per concurrency by OfflineEngine; "
             "remove them from the engine flags."
         )
-    kwargs = {k: v for k, v in engine_flags.items() if k != YARN_KEY}
-    yarn = engine_flags.get(YARN_KEY)
-    if yarn:
+    kwargs = {k: v for k, v in engine_flags.items() if k not in (YARN_KEY, DRAFT_YARN_KEY)}
+    target = _yarn_setting(engine_flags, YARN_KEY)
+    draft = _yarn_setting(engine_flags, DRAFT_YARN_KEY) if DRAFT_YARN_KEY in engine_flags else target
+    if target or draft:
         if "hf_overrides" in kwargs:
-            raise ValueError("engine flags set both 'yarn' and 'hf_overrides'; fold the YaRN "
-                             "rope parameters into one of them.")
-        if not isinstance(yarn, dict) or not isinstance(yarn.get("factor"), (int, float)):
-            raise ValueError(f"engine flag yarn = {yarn!r} must be an object with a number 'factor'.")
-        kwargs["hf_overrides"] = functools.partial(
-            apply_yarn,
-            factor=float(yarn["factor"]),
-            original_max_position_embeddings=yarn.get("original_max_position_embeddings"),
-        )
+            raise ValueError("engine flags set both 'yarn'/'draft_yarn' and 'hf_overrides'; fold "
+                             "the YaRN rope parameters into one of them.")
+        kwargs["hf_overrides"] = functools.partial(apply_yarn_by_role, target=target, draft=draft)
     return kwargs
 
 
