@@ -32,9 +32,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from plots.select import main_setting, ordered_unique, run_rows, split_sweeps, system_order
-from plots.tables import (LABEL_HEADERS, Table, TableRow, format_label, label_partial_benchmarks,
-                          pooled_value, require_columns)
+from plots.select import main_setting, ordered_unique, system_order
+from plots.tables import LABEL_HEADERS, Table, TableRow, fixed_setting_runs, format_label, pooled_value
 
 NEEDED = ["kind", "system", "benchmark", "category", "temperature", "concurrency", "input_len", "seed",
           "target", "dels_alpha", "dels_beta", "tau", "tokens_per_s", "speedup"]
@@ -50,14 +49,7 @@ POOLING_NOTE = ("Each cell is the mean over seeds of a per-seed value pooled ove
 
 
 def _fixed_runs(df: pd.DataFrame, where: str) -> pd.DataFrame:
-    require_columns(df, NEEDED + COUNTERS, where)
-    runs = run_rows(label_partial_benchmarks(df))
-    if runs.empty:
-        raise ValueError("results have no rows with kind == 'run' to tabulate")
-    fixed, _ = split_sweeps(runs)
-    if fixed.rows.empty:
-        raise ValueError("every run row belongs to a (dels_alpha, dels_beta) sweep")
-    return fixed.rows
+    return fixed_setting_runs(df, NEEDED + COUNTERS, where).rows
 
 
 def _is_baseline(system: str) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from plots.select import (
+    Selection,
     ordered_unique,
     run_rows,
     seed_mean,
@@ -113,16 +114,23 @@ def latex_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = N
     return render_latex(results_table(df, value, rows, best, digits))
 
 
-def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
-                  best: str | None = None, digits: int | None = None) -> Table:
-    """Build the Table-1-style Table that markdown_table and latex_table render."""
-    require_columns(df, NEEDED_COLUMNS + [value] + list(rows or []), "markdown_table")
+def fixed_setting_runs(df: pd.DataFrame, columns: list[str], where: str) -> Selection:
+    """The run rows outside any (dels_alpha, dels_beta) sweep, partial benchmarks labelled; a
+    ValueError naming `where` when the columns are missing or no such row exists."""
+    require_columns(df, columns, where)
     runs = run_rows(label_partial_benchmarks(df))
     if runs.empty:
         raise ValueError("results have no rows with kind == 'run' to tabulate; run `python -m eval run` first")
     fixed, _ = split_sweeps(runs)
     if fixed.rows.empty:
         raise ValueError("every run row belongs to a (dels_alpha, dels_beta) sweep; no fixed setting to tabulate")
+    return fixed
+
+
+def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None = None,
+                  best: str | None = None, digits: int | None = None) -> Table:
+    """Build the Table-1-style Table that markdown_table and latex_table render."""
+    fixed = fixed_setting_runs(df, NEEDED_COLUMNS + [value] + list(rows or []), "markdown_table")
     labels = rows if rows is not None else _auto_labels(fixed.rows)
     name, default_digits, unit, default_best = METRICS.get(value, (value, 2, "", "max"))
     table = pivot(fixed.rows, value, labels, best or default_best, default_digits if digits is None else digits, unit)

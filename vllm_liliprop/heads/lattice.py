@@ -266,6 +266,28 @@ class LatticeLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def rank_features(k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rank / (K - 1), [rank == 0]) of the K rank-sorted candidates, fp32 [K] each."""
+    rank = torch.arange(k, device=device, dtype=torch.float32)
+    rank_frac = rank / float(k - 1) if k > 1 else torch.zeros_like(rank)
+    return rank_frac, (rank == 0).float()
+
+
+def confidence_features(log_probs: torch.Tensor, rank_frac: torch.Tensor, is_top1: torch.Tensor) -> torch.Tensor:
+    """[B, S, K, 5] fp32: log p, p, log p - max_k log p, rank / (K - 1), [rank == 0]."""
+    log_probs = log_probs.float()
+    return torch.stack(
+        [
+            log_probs,
+            log_probs.exp(),
+            log_probs - log_probs.amax(dim=-1, keepdim=True),
+            rank_frac.expand(log_probs.shape),
+            is_top1.expand(log_probs.shape),
+        ],
+        dim=-1,
+    )
+
+
 class LatticeHead(nn.Module):
     """The LiLiCorr scoring head. `score()` maps one candidate lattice to start/pair logits."""
 
@@ -359,22 +381,8 @@ class LatticeHead(nn.Module):
 
         log p, p, log p - max_k log p, rank / (K - 1), [rank == 0].
         """
-        log_probs = log_probs.float()
-        k = log_probs.shape[-1]
         # Built per call in fp32 (not as buffers) so a bf16 head still sees exact rank features.
-        rank = torch.arange(k, device=log_probs.device, dtype=torch.float32)
-        rank_frac = rank / float(k - 1) if k > 1 else torch.zeros_like(rank)
-        is_top1 = (rank == 0).float()
-        return torch.stack(
-            [
-                log_probs,
-                log_probs.exp(),
-                log_probs - log_probs.amax(dim=-1, keepdim=True),
-                rank_frac.expand(log_probs.shape),
-                is_top1.expand(log_probs.shape),
-            ],
-            dim=-1,
-        )
+        return confidence_features(log_probs, *rank_features(log_probs.shape[-1], log_probs.device))
 
     def _check_inputs(
         self, token_embeddings, candidate_log_probs, pass_hidden, anchor_hidden, anchor_valid

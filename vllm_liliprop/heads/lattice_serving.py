@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vllm_liliprop.heads.lattice import LatticeHead
+from vllm_liliprop.heads.lattice import LatticeHead, confidence_features, rank_features
 
 
 def _mkldnn_bf16_gemm() -> bool:
@@ -238,24 +238,11 @@ class ServingLatticeHead:
         return bias
 
     def _candidate_features(self, layout: _Layout, log_probs: torch.Tensor) -> torch.Tensor:
-        log_probs = log_probs.float()
         k = log_probs.shape[-1]
         constants = layout.rank_features.get(k)
         if constants is None or constants[0].device != log_probs.device:
-            rank = torch.arange(k, device=log_probs.device, dtype=torch.float32)
-            rank_frac = rank / float(k - 1) if k > 1 else torch.zeros_like(rank)
-            constants = layout.rank_features[k] = (rank_frac, (rank == 0).float())
-        rank_frac, is_top1 = constants
-        return torch.stack(
-            [
-                log_probs,
-                log_probs.exp(),
-                log_probs - log_probs.amax(dim=-1, keepdim=True),
-                rank_frac.expand(log_probs.shape),
-                is_top1.expand(log_probs.shape),
-            ],
-            dim=-1,
-        )
+            constants = layout.rank_features[k] = rank_features(k, log_probs.device)
+        return confidence_features(log_probs, *constants)
 
     def score(
         self,
