@@ -75,7 +75,7 @@ from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead
 from vllm_liliprop.heads.domino import DominoConfig, DominoHead
 from vllm_liliprop.heads.dspark import MarkovBiasHead
-from vllm_liliprop.heads.dels_rules import greedy_walk_with_short_head, lattice_dels_terms_markov
+from vllm_liliprop.heads.dels_lattice import greedy_walk_with_short_head, lattice_dels_terms_markov
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 from vllm_liliprop.heads.sequential import sequential_draft
 from vllm_liliprop.rules.dels_draft import dels_draft

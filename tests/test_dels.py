@@ -18,7 +18,7 @@ from vllm_liliprop.heads.dels_io import (
     save_dels_head,
     tokenizer_fingerprint,
 )
-from vllm_liliprop.heads.dels_rules import (
+from vllm_liliprop.heads.dels_lattice import (
     LatticeDelsCombinationError,
     check_lattice_dels_walk,
     greedy_walk_with_short_head,

@@ -6,7 +6,7 @@ row (a number, a 0-dim tensor, or [N]).
 dels_argmax: the fused argmax of each row, without the [N, V] fused tensor, in one read of long and short. log_softmax(short)
   differs from short by logsumexp(short), a constant of the row, so the argmax is taken over
   long + alpha * short - beta * log_prior and no V-wide normalizer is computed (the same
-  shortcut dels_rules.py takes). Same split-vocabulary layout as the top-K kernel: stage 1,
+  shortcut rules/dels_draft.py takes). Same split-vocabulary layout as the top-K kernel: stage 1,
   grid (N, splits), keeps the best selection key of its slice; stage 2 reduces the splits.
   The ids equal dels_fuse(...).argmax(-1) except where two fused values are within rounding
   of each other (the two forms round differently).

@@ -9,7 +9,7 @@ scores token v as
 
 with log p_S = log_softmax of the short head's logits. `dels_draft` takes the argmax over the
 vocabulary (through the kernel dispatcher: one fused Triton pass on CUDA); `dels_draft_sampled`
-samples from softmax(score / T). The same bonus on a LiLiCorr lattice is `heads/dels_rules.py`.
+samples from softmax(score / T). The same bonus on a LiLiCorr lattice is `heads/dels_lattice.py`.
 
 pure_draft_prefix_len P (0 or 1, a field of the DeLS config): P = 0 is this project's rule,
 every slot is corrected and the short head reads the anchor first. P = 1 reproduces the

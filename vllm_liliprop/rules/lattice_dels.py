@@ -12,7 +12,7 @@ import torch
 
 from vllm_liliprop.faults import non_finite_rows
 from vllm_liliprop.heads.dels import MarkovShortHead
-from vllm_liliprop.heads.dels_rules import (
+from vllm_liliprop.heads.dels_lattice import (
     check_lattice_dels_walk,
     greedy_walk_with_short_head,
     lattice_dels_terms_markov,
