@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_liliprop.checkpoints import dflash_hf_config
+
 __all__ = [
     "DrafterConfig",
     "DFlashDrafter",
@@ -135,35 +137,16 @@ class DrafterConfig:
             max_position_embeddings=int(target_config.max_position_embeddings),
         )
 
-    def dflash_config(self) -> dict[str, Any]:
-        return {
-            "mask_token_id": self.mask_token_id,
-            "target_layer_ids": list(self.target_layer_ids),
-            "block_size": self.block_size,
-        }
-
     def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
         """A Qwen3 `config.json` that vLLM reads as a DFlash draft."""
-        config = {
-            "architectures": architectures or ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": self.hidden_act,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "max_position_embeddings": self.max_position_embeddings,
-            "attention_bias": False,
-            "tie_word_embeddings": False,
-            "block_size": self.block_size,
-            "dflash_config": self.dflash_config(),
-        }
+        config = dflash_hf_config(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings, mask_token_id=self.mask_token_id,
+            target_layer_ids=self.target_layer_ids, block_size=self.block_size,
+            hidden_act=self.hidden_act, architectures=architectures)
         config.update(self.extra_hf_config)
         return config
 

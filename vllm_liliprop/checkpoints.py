@@ -38,6 +38,36 @@ def dflash_weight_shapes(hidden: int, intermediate: int, num_layers: int, num_he
     return shapes
 
 
+def dflash_hf_config(*, vocab_size: int, hidden_size: int, intermediate_size: int, num_hidden_layers: int,
+                     num_attention_heads: int, num_key_value_heads: int, head_dim: int, rms_norm_eps: float,
+                     rope_theta: float, max_position_embeddings: int, mask_token_id: int,
+                     target_layer_ids: list[int], block_size: int, hidden_act: str = "silu",
+                     architectures: list[str] | None = None) -> dict:
+    """The config.json of a DFlash draft as vLLM's `DFlashDraftModel` reads it: a Qwen3 config
+    plus `block_size` and `dflash_config` (mask token, target taps, block size)."""
+    return {
+        "architectures": architectures or ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "hidden_act": hidden_act,
+        "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "max_position_embeddings": max_position_embeddings,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "block_size": block_size,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids),
+                          "block_size": block_size},
+    }
+
+
 def write_checkpoint(out_dir: str | Path, config: dict, tensors: dict[str, torch.Tensor],
                      dtype: torch.dtype) -> Path:
     """config.json (with the weights' dtype named) and model.safetensors (floating tensors in
