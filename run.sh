@@ -22,6 +22,7 @@ run() {
 # every speedup is a ratio measured side by side even when the machine's speed drifts.
 echo "[main job] 1/2: speed, bf16 (tables below)"
 run --engine-flags '{"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": true}' --paired \
+    --max-tokens 48 --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DeLS-GRU,Domino,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token

@@ -187,6 +187,10 @@ class Campaign:
         paired = _PairedBaseline(self, offline) if self.protocol.paired else None
         try:
             for (c, system), items in _by_engine(todo):
+                if paired is not None and not system.is_baseline and any(m.kind == "run" for m in items):
+                    # vLLM's in-process metrics follow the engine built last: build AR's first, so
+                    # the system's counters are the system's.
+                    paired.open(c)
                 with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
                                            system.options(), max_num_seqs=c) as engine:
                     render = self.renderer(self._prompt_limit(engine))
@@ -276,13 +280,18 @@ class _PairedBaseline:
         self.render = None
         self.concurrency = None
 
+    def open(self, concurrency: int) -> None:
+        """AR's engine at this concurrency (kept when it is already open)."""
+        if self.concurrency == concurrency:
+            return
+        self.close()
+        self.engine = self.offline.OfflineEngine(self.campaign.target, self.campaign.engine_flags,
+                                                 max_num_seqs=concurrency).__enter__()
+        self.render = self.campaign.renderer(self.campaign._prompt_limit(self.engine))
+        self.concurrency = concurrency
+
     def measure(self, m: Measurement):
-        if self.concurrency != m.concurrency:
-            self.close()
-            self.engine = self.offline.OfflineEngine(self.campaign.target, self.campaign.engine_flags,
-                                                     max_num_seqs=m.concurrency).__enter__()
-            self.render = self.campaign.renderer(self.campaign._prompt_limit(self.engine))
-            self.concurrency = m.concurrency
+        self.open(m.concurrency)
         result, _ = self.campaign._warm_and_run(self.engine, self.render, m, self.offline)
         return result
 

@@ -97,8 +97,10 @@ def test_paired_runs_measure_ar_beside_each_system_row(tiny_models, tmp_path, ca
     assert main(command + ["--paired", "--no-summary", "--benchmarks", "gsm8k"]) == 0
     runs = pd.read_csv(tmp_path / "results.csv")
     ar, dflash = runs[runs["system"] == "AR"].iloc[0], runs[runs["system"] == "DFlash"].iloc[0]
-    # AR's own engine, then DFlash's with a second AR engine open beside it.
-    assert opened == ["AR", "spec", "AR"]
+    # AR's own engine, then a second AR engine and DFlash's beside it (built last: vLLM's
+    # in-process metrics follow the newest engine, and DFlash's counters must be DFlash's).
+    assert opened == ["AR", "AR", "spec"]
+    assert dflash["num_drafts"] > 0 and dflash["num_draft_tokens"] == 7 * dflash["num_drafts"]
     assert math.isnan(ar["paired_ar_wall_s"]) and ar["speedup"] == 1.0
     assert dflash["paired_ar_output_tokens"] == 32 and dflash["paired_ar_wall_s"] > 0
     assert dflash["paired_ar_wall_s"] != ar["wall_s"]  # its own AR run, not AR's row
