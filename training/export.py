@@ -160,11 +160,14 @@ def export_dels(out_dir: str | Path, head: nn.Module, prior, **config_fields) ->
     return save_dels_head(out_dir, head, prior, DelsConfig.for_head(head, prior, **config_fields))
 
 
-def dels_checkpoint_info(head, prior: UnigramPrior, fingerprint: str | None) -> dict[str, Any]:
+def dels_checkpoint_info(head, prior: UnigramPrior, fingerprint: str | None,
+                         pure_draft_prefix_len: int = 0) -> dict[str, Any]:
     """What a "dels" training checkpoint keeps of its head and prior (`rebuild_dels_head` reads
-    it back): the structure, the prior's log-probabilities and the tokenizer fingerprint."""
+    it back): the structure, the prior's log-probabilities, the tokenizer fingerprint and the
+    serving layout the head was trained for."""
     return {**head_structure(head), "prior_log_probs": prior.log_probs.tolist(),
-            "prior_smoothing": prior.smoothing, "tokenizer_fingerprint": fingerprint}
+            "prior_smoothing": prior.smoothing, "tokenizer_fingerprint": fingerprint,
+            "pure_draft_prefix_len": pure_draft_prefix_len}
 
 
 def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, Any]]:
@@ -179,7 +182,9 @@ def rebuild_dels_head(state: dict) -> tuple[nn.Module, UnigramPrior, dict[str, A
                             info["rank"], info["rank_activation"])
     head.load_state_dict(state["modules"]["head"])
     prior = UnigramPrior(torch.tensor(info["prior_log_probs"]), info["prior_smoothing"])
-    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint")}
+    # Checkpoints written before the field existed were all trained for P = 0.
+    return head, prior, {"tokenizer_fingerprint": info.get("tokenizer_fingerprint"),
+                         "pure_draft_prefix_len": int(info.get("pure_draft_prefix_len", 0))}
 
 
 def resave_dels(source: str | Path, destination: str | Path, embed: torch.Tensor, dtype: torch.dtype) -> Path:

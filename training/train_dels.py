@@ -4,10 +4,14 @@
     python -m training.train_dels --recipe dels_fusion_qwen3_8b   # optional: learn alpha/beta
 
 Stage "head" (method "dels"): next-token CE of the short head on tokenized text.
-  gru     the head reads a block-local prefix, exactly as at serving time: for a random anchor a
-          it consumes x_a, x_{a+1}, ... from a zero state and predicts x_{a+1}, x_{a+2}, ...
-          (block_size - 1 predictions per anchor; pure_draft_prefix_len = 0);
-  markov  dense supervision: every loss-masked token from its predecessor.
+  gru     the head reads a block-local prefix, exactly as at serving time (recipe field
+          pure_draft_prefix_len P, exported into the head's config): for a random anchor a and
+          P = 0 it consumes x_a, x_{a+1}, ... from a zero state and predicts x_{a+1}, x_{a+2},
+          ... (block_size - 1 predictions per anchor); for P = 1 (DeLS-Spec's own layout: the
+          prefix starts at the first drafted token, slot 0 is not corrected) it consumes
+          x_{a+1}, ... and predicts x_{a+2}, ... (block_size - 2 per anchor);
+  markov  dense supervision: every loss-masked token from its predecessor (the same for either
+          P: a bigram head never sees where the block starts).
   The unigram prior counts the loss-masked tokens of the same data (additive smoothing,
   1.0 by default). Exported as a DeLS folder (vllm_liliprop.heads.dels_io) at
   <output_dir>/final.
@@ -20,7 +24,7 @@ The learned schedules are written into the DeLS folder's config (alpha, beta lis
 
 Recipe fields: method, target (tokenizer + embedding table), data, device, head
 ({"kind", "hidden_size", "rank", "rank_activation"}), prior_smoothing [1.0], block_size [16],
-num_anchors [256], train (TrainConfig; optim.lr/weight_decay need a "head" entry), and for
+num_anchors [256], pure_draft_prefix_len [0], train (TrainConfig; optim.lr/weight_decay need a "head" entry), and for
 fusion: drafter (DFlash dir), dels (DeLS folder), alpha/beta init [0.3].
 """
 
@@ -46,7 +50,7 @@ from training.features import OnlineFeatures, frozen_target_weights
 from training.pipeline import load_frozen_target, start_run
 from training.recipe import add_recipe_arguments, recipe_from_args
 from training.trainer import Trainer, seeds_for
-from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, dels_fuse
+from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, check_prefix_len, dels_fuse
 from vllm_liliprop.heads.dels_io import load_dels_head, tokenizer_fingerprint
 
 __all__ = [
@@ -68,15 +72,21 @@ def _sum_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> t
 
 
 class ShortHeadObjective(nn.Module):
-    """Next-token CE of a GRU or Markov short head (mean over supervised predictions)."""
+    """Next-token CE of a GRU or Markov short head (mean over supervised predictions).
 
-    def __init__(self, head: GRUShortHead | MarkovShortHead, block_size: int = 16, num_anchors: int = 256) -> None:
+    pure_draft_prefix_len P: the serving layout the GRU is trained for (module docstring)."""
+
+    def __init__(self, head: GRUShortHead | MarkovShortHead, block_size: int = 16, num_anchors: int = 256,
+                 pure_draft_prefix_len: int = 0) -> None:
         super().__init__()
-        if block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {block_size}")
+        check_prefix_len(pure_draft_prefix_len)
+        if block_size < 2 + pure_draft_prefix_len:
+            raise ValueError(f"block_size must be >= {2 + pure_draft_prefix_len} for "
+                             f"pure_draft_prefix_len = {pure_draft_prefix_len}, got {block_size}")
         self.head = head
         self.block_size = block_size
         self.num_anchors = num_anchors
+        self.prefix_len = pure_draft_prefix_len
 
     def _chunked(self, inputs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, fn) -> torch.Tensor:
         rows_per_item = max(1, inputs[0].numel())
@@ -103,8 +113,11 @@ class ShortHeadObjective(nn.Module):
         else:
             anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
             _, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, self.block_size, 0)
-            # The head consumes the anchor and then the true tokens of the block.
-            window = block_windows(input_ids, anchors, self.block_size - 1)
+            # The head consumes the anchor (P = 0) or the block's first token (P = 1), then the
+            # block's true tokens; the slots before P are never corrected, so never trained.
+            p = self.prefix_len
+            window = block_windows(input_ids, anchors, self.block_size - 1 - p, offset=p)
+            targets, slot_mask = targets[..., p:], slot_mask[..., p:]
             window, targets, slot_mask = window[valid], targets[valid], slot_mask[valid]
             total = self._chunked(window, targets, slot_mask, self.head)
             count = slot_mask.sum()
@@ -231,7 +244,9 @@ def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torc
     head = build_short_head(head_spec, vocab_size, embed_weight).to(device)
     prior = UnigramPrior.from_counts(dataset.supervised_token_counts(vocab_size),
                                      float(recipe.get("prior_smoothing", 1.0)))
-    objective = ShortHeadObjective(head, int(recipe.get("block_size", 16)), int(recipe.get("num_anchors", 256)))
+    prefix_len = int(recipe.get("pure_draft_prefix_len", 0))
+    objective = ShortHeadObjective(head, int(recipe.get("block_size", 16)), int(recipe.get("num_anchors", 256)),
+                                   prefix_len)
 
     def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
         batch = collate([dataset[i] for i in indices])
@@ -240,13 +255,14 @@ def run_dels_training(recipe: dict[str, Any], *, resume=None, embed_weight: torc
 
     fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
     trainer = Trainer(objective, {"head": head}, make_inputs, len(dataset), train_config, device=device,
-                      dist_env=env, checkpoint_extras={"kind": "dels", "dels": dels_checkpoint_info(head, prior, fingerprint)},
+                      dist_env=env, checkpoint_extras={"kind": "dels", "dels": dels_checkpoint_info(head, prior, fingerprint, prefix_len)},
                       progress=progress)
     history = trainer.fit(resume=True if resume == "latest" else resume)
     export_dir = Path(train_config.output_dir) / "final"
     if env.is_main:
         export_dels(export_dir, head, prior, tokenizer_fingerprint=fingerprint,
-                    alpha=recipe.get("alpha", 0.3), beta=recipe.get("beta", 0.3))
+                    alpha=recipe.get("alpha", 0.3), beta=recipe.get("beta", 0.3),
+                    pure_draft_prefix_len=prefix_len)
     return {"history": history, "export_dir": export_dir, "trainer": trainer, "prior": prior}
 
 
