@@ -5,7 +5,7 @@ import sys
 
 import matplotlib
 
-from plots import paper_tables
+from plots import ablations, paper_tables
 from plots.io import load_results
 from plots.records import load_dels_weights, load_training_cost
 from plots.report import write_all
@@ -50,9 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--kind", choices=list(TABLE_KINDS), default="table1",
                        help="table1 (default; --value picks the metric), concurrency (Table 2 style; --value "
                             "speedup or tau), concurrency-detail (Tables 13/14), categories (Tables 7/8), "
-                            "seeds (Tables 9/10)")
+                            "seeds (Tables 9/10), ablations (paper direction vs ours; --ablations SPEC)")
     table.add_argument("--kv-cache-tokens", type=int, metavar="N",
                        help="KV-cache size in tokens, for the memory-bound (†) flags of concurrency tables")
+    table.add_argument("--ablations", metavar="SPEC",
+                       help="ablation spec (JSON, plots/ablations.py) for --kind ablations, e.g. "
+                            "testbed/smollm2/ablations.json")
     args = parser.parse_args(argv)
 
     try:
@@ -79,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                              for group in paper_tables.tier_groups(df)] or [paper_tables.concurrency_table(df)]
                 elif args.kind == "concurrency-detail":
                     built = [paper_tables.concurrency_detail_table(df, args.kv_cache_tokens)]
+                elif args.kind == "ablations":
+                    if args.ablations is None:
+                        raise ValueError("--kind ablations needs --ablations SPEC (the comparisons to make)")
+                    built = [ablations.ablation_table(df, ablations.load_ablation_spec(args.ablations))]
                 else:
                     built = [{"categories": paper_tables.category_table, "seeds": paper_tables.seed_table}[args.kind](df)]
                 render = render_markdown if args.format == "md" else render_latex
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-TABLE_KINDS = ("table1", "concurrency", "concurrency-detail", "categories", "seeds")
+TABLE_KINDS = ("table1", "concurrency", "concurrency-detail", "categories", "seeds", "ablations")
 
 
 def _parse_pairs(specs: list[str]) -> dict[str, str]:
