@@ -1,0 +1,117 @@
+"""Where a speculative step's fixed cost goes: AR and DFlash at k speculative tokens, side by side.
+
+    source scripts/env.sh
+    python -m tools.step_cost --target .cache/targets/smollm2-135m-instruct \
+        --draft testbed/smollm2/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
+    VLLM_PLUGINS= python -m tools.step_cost ...   # the same with vLLM's own DFlashProposer
+
+One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run
+--rounds times in that order, so the arms share the machine's state; each arm generates
+--tokens tokens (ignore_eos) for --concurrency synthetic prompts of 100 token ids. Printed: ms
+per engine step of the engine step and of each wrapped method of vLLM 0.32's runner
+(`GPUModelRunner`) and drafter (`DFlashProposer`), the median over rounds. Needs
+VLLM_ENABLE_V1_MULTIPROCESSING=0 (scripts/env.sh sets it). Methods nest: `drafter.propose`
+holds the drafter rows, `runner.execute_model` the target's forward, LM head and input
+preparation, `runner.sample_tokens` the rejection sampler and the proposal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import gc
+import time
+from collections.abc import Sequence
+
+RUNNER_METHODS = ("execute_model", "sample_tokens", "_sample", "_model_forward", "_prepare_inputs",
+                  "_update_states", "propose_draft_token_ids", "_bookkeeping_sync",
+                  "_calc_spec_decode_metadata")
+DRAFTER_METHODS = ("propose", "set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
+                   "build_model_inputs_first_pass", "_sample_draft_tokens", "_greedy_sample")
+DRAFT_MODEL_METHODS = (("forward", "drafter.model.forward"),
+                       ("precompute_and_store_context_kv", "drafter.precompute_context_kv"),
+                       ("combine_hidden_states", "drafter.combine_hidden_states"))
+
+
+def _wrap(owner, name: str, seconds: collections.Counter, key: str) -> None:
+    if owner is None or not hasattr(owner, name):
+        return
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds[key] += time.perf_counter() - start
+
+    owner.__dict__[name] = timed
+
+
+def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int) -> dict[str, float]:
+    """ms per engine step of each timed method for one engine (k = 0: plain decoding)."""
+    from vllm import LLM, SamplingParams
+
+    spec = None if k == 0 else {"method": "dflash", "model": draft, "num_speculative_tokens": k}
+    llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
+              speculative_config=spec, max_num_seqs=concurrency)
+    engine = llm.llm_engine
+    runner = engine.model_executor.driver_worker.worker.model_runner
+    seconds: collections.Counter = collections.Counter()
+    for name in RUNNER_METHODS:
+        _wrap(runner, name, seconds, f"runner.{name}")
+    _wrap(runner.model, "compute_logits", seconds, "target.compute_logits")
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None:
+        for name in DRAFTER_METHODS:
+            _wrap(drafter, name, seconds, f"drafter.{name}")
+        for name, key in DRAFT_MODEL_METHODS:
+            _wrap(drafter.model, name, seconds, key)
+    prompts = [{"prompt_token_ids": list(range(1000 + 7 * i, 1100 + 7 * i))} for i in range(concurrency)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    seconds.clear()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"probe-{i}", prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    steps = produced = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                produced += len(output.outputs[0].token_ids)
+        steps += 1
+    wall = time.perf_counter() - start
+    row = {"engine.step": 1000 * wall / steps, "tokens/step": produced / steps}
+    row.update({key: 1000 * value / steps for key, value in seconds.items()})
+    del llm, engine, runner, drafter
+    gc.collect()
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(prog="python -m tools.step_cost", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft", required=True, help="a DFlash draft folder")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--ks", default="1,3", help="speculative token counts, comma-separated")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=300, help="tokens generated per prompt")
+    args = parser.parse_args(argv)
+    arms = [0] + [int(k) for k in args.ks.split(",")]
+    rows: dict[str, list[dict]] = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for k in arms:
+            rows["AR" if k == 0 else f"k={k}"].append(
+                measure_arm(args.target, args.draft, k, args.concurrency, args.tokens))
+    table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
+    pd.set_option("display.width", 200)
+    print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}")
+    print(table.round(2).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
