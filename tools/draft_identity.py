@@ -25,6 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
+from eval.benchmarks import expand_names, load_benchmark
+from eval.prompts import PromptRenderer
+from eval.systems import load_systems
+
 
 def _reference_twin(rule):
     twin = copy.copy(rule)
@@ -67,10 +71,6 @@ def check_system(target: str, system, prompts: list[list[int]], max_tokens: int)
 
 def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
-
-    from eval.benchmarks import expand_names, load_benchmark
-    from eval.prompts import PromptRenderer
-    from eval.systems import load_systems
 
     parser = argparse.ArgumentParser(prog="python -m tools.draft_identity", description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True)
