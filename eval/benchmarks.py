@@ -6,6 +6,7 @@ conversation; later turns follow the system's own earlier answers), optional ref
 Local layout (`--data-dir DIR`, the default source):
     DIR/<benchmark>.jsonl | DIR/<benchmark>.parquet | DIR/<benchmark>/*.{jsonl,parquet}
     DIR/testbed/<suite>.{jsonl,parquet}      one benchmark "testbed-<suite>" per file
+    DIR/livecodebench/test6.jsonl            also read as livecodebench-v6 (one release's file)
 A row is either in the common schema
     {"id": "...", "turns": ["...", ...], "category": "...", "reference": ..., "benchmark": "..."}
 (category, reference and benchmark optional; a benchmark field must name the file's benchmark),
@@ -47,7 +48,15 @@ class HubSource:
     repo: str
     split: str
     config: str | None = None
-    data_files: str | None = None  # a file in the repo, for datasets without a loadable config
+    # Files in the repo, read in this order, for datasets without a loadable config.
+    data_files: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """What is read of the repo, for messages: its config or its files."""
+        if self.data_files:
+            return "files " + ", ".join(self.data_files)
+        return f"config {self.config or 'default'}"
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ class Benchmark:
     hub_fields: tuple[str, ...]  # the hub schema's fields the converter reads
     by_category: bool = False  # measure each category on its own (results' category column)
     input_len: int = 0  # the block's fixed input length in tokens (0: natural length)
+    # A part (one release) of another benchmark: its hub files are also read from that
+    # benchmark's local folder, and that benchmark's name is accepted in rows' benchmark field.
+    part_of: str = ""
 
 
 def _single(text_field: str, id_field: str | None, prefix: str, reference: str | None = None,
@@ -139,6 +151,30 @@ def _aime(name: str):
     return convert
 
 
+# code_generation_lite ships a loading script, which `datasets` no longer runs: its release files
+# are read directly. Release vN added the problems of file N (test.jsonl is v1, 400 problems; then
+# +111, +101, +101, +167, +175); the full release (release_latest, 1,055 problems) is all six.
+LIVECODEBENCH_REPO = "livecodebench/code_generation_lite"
+LIVECODEBENCH_RELEASE_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl",
+                               "test5.jsonl", "test6.jsonl")
+
+
+def livecodebench_benchmarks() -> list[Benchmark]:
+    """`livecodebench`, the full release (every file, in release order), and `livecodebench-vN`,
+    the problems release vN added (its own file only, as the loading script's version tag "vN")."""
+    convert = _single("question_content", "question_id", "livecodebench", None,
+                      _livecodebench_prompt)
+    fields = ("question_id", "question_content", "starter_code")
+
+    def benchmark(name: str, files: tuple[str, ...], part_of: str = "") -> Benchmark:
+        return Benchmark(name, HubSource(LIVECODEBENCH_REPO, "train", data_files=files), convert,
+                         fields, part_of=part_of)
+
+    return [benchmark("livecodebench", LIVECODEBENCH_RELEASE_FILES),
+            *[benchmark(f"livecodebench-v{n}", (file,), part_of="livecodebench")
+              for n, file in enumerate(LIVECODEBENCH_RELEASE_FILES, start=1)]]
+
+
 SPEED_REPO = "nvidia/SPEED-Bench"
 SPEED_THROUGHPUT_LENGTHS = {"1k": 1024, "2k": 2048, "8k": 8192, "16k": 16384, "32k": 32768}
 
@@ -159,15 +195,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("mbpp", HubSource("google-research-datasets/mbpp", "test", "full"),
                   _single("text", "task_id", "mbpp", "code", _mbpp_prompt),
                   ("task_id", "text", "code", "test_list")),
-        # code_generation_lite ships a loading script, which `datasets` no longer runs: read its
-        # release file directly (release_v6 problems).
-        Benchmark("livecodebench",
-                  HubSource("livecodebench/code_generation_lite", "train", data_files="test6.jsonl"),
-                  _single("question_content", "question_id", "livecodebench", None,
-                          _livecodebench_prompt),
-                  ("question_id", "question_content", "starter_code")),
+        *livecodebench_benchmarks(),
         Benchmark("alpacaeval",
-                  HubSource("tatsu-lab/alpaca_eval", "train", data_files="alpaca_eval.json"),
+                  HubSource("tatsu-lab/alpaca_eval", "train", data_files=("alpaca_eval.json",)),
                   _single("instruction", None, "alpacaeval", "output"), ("instruction", "output")),
         Benchmark("mtbench", HubSource("HuggingFaceH4/mt_bench_prompts", "train"), _mtbench,
                   ("prompt_id", "prompt", "category", "reference")),
@@ -240,7 +270,7 @@ def load_benchmark(name: str, source: str = "local", data_dir: str | Path | None
     """The examples of one benchmark; `limit` keeps the first N of each category group."""
     spec = benchmark_spec(name)
     if source == "hf" and not name.startswith(TESTBED_PREFIX):
-        rows = [(f"{spec.hub.repo} ({spec.hub.config or spec.hub.data_files or 'default'})", i, r)
+        rows = [(f"{spec.hub.repo} ({spec.hub.label}) row {i + 1}", i, r)
                 for i, r in enumerate(load_hub_rows(spec.hub))]
     elif source in ("local", "hf"):
         rows = [(f"{path} row {i + 1}", i, row)
@@ -250,7 +280,7 @@ def load_benchmark(name: str, source: str = "local", data_dir: str | Path | None
     examples = [to_example(spec, row, index, where) for where, index, row in rows]
     if not examples:
         raise DataError(f"benchmark {name!r} has no rows ({rows and rows[0][0] or 'no file'})")
-    _check_unique_ids(examples, name)
+    _check_unique_ids(examples, name, [where for where, _, _ in rows])
     return apply_limit(examples, spec, limit)
 
 
@@ -265,17 +295,18 @@ def load_hub_rows(source: HubSource) -> list[dict]:
         raise DataError("--source hf needs the `datasets` package: pip install datasets") from None
     try:
         if source.data_files:
+            # One dataset of all the files, in the order given (a list: `datasets` reads no tuple).
             dataset = datasets.load_dataset(
-                "json", data_files=f"hf://datasets/{source.repo}/{source.data_files}",
+                "json", data_files=[f"hf://datasets/{source.repo}/{f}" for f in source.data_files],
                 split=source.split,
             )
         else:
             dataset = datasets.load_dataset(source.repo, source.config, split=source.split)
     except Exception as exc:  # network, auth and format errors all surface here
         raise DataError(
-            f"could not load {source.repo} (config {source.config or source.data_files or 'default'}, "
-            f"split {source.split}) from the hub: {exc}. Check the network and your HF token, or "
-            "use --source local with --data-dir (see eval/README.md)"
+            f"could not load {source.repo} ({source.label}, split {source.split}) from the hub: "
+            f"{exc}. Check the network and your HF token, or use --source local with --data-dir "
+            "(see eval/README.md)"
         ) from None
     return [dict(row) for row in dataset]
 
@@ -285,6 +316,7 @@ def local_files(name: str, data_dir: str | Path | None) -> list[Path]:
         raise DataError(f"benchmark {name!r}: no --data-dir given; pass the folder that holds "
                         f"{name}.jsonl (layout in eval/README.md) or use --source hf")
     root = Path(data_dir)
+    spec = benchmark_spec(name)
     if name.startswith(TESTBED_PREFIX):
         stem = name[len(TESTBED_PREFIX):]
         candidates = [root / TESTBED / f"{stem}{s}" for s in DATA_SUFFIXES]
@@ -293,7 +325,13 @@ def local_files(name: str, data_dir: str | Path | None) -> list[Path]:
     found = [p for p in candidates if p.is_file()]
     folder = root / name
     if folder.is_dir():
+        # Sorted names are release order for hub release files ("test.jsonl" < "test2.jsonl").
         found += sorted(p for p in folder.iterdir() if p.suffix in DATA_SUFFIXES)
+        _check_complete_release(spec, folder, found)
+    if not found and spec.part_of:
+        # One release of a benchmark: its own file in that benchmark's folder of release files.
+        candidates += [root / spec.part_of / f for f in spec.hub.data_files]
+        found = [p for p in candidates if p.is_file()]
     if not found:
         expected = ", ".join(str(p) for p in candidates)
         raise DataError(f"no data for benchmark {name!r}: expected {expected}"
@@ -301,6 +339,22 @@ def local_files(name: str, data_dir: str | Path | None) -> list[Path]:
                            ".jsonl/.parquet files")
                         + "; see eval/README.md for the layout, or load it with --source hf")
     return found
+
+
+def _check_complete_release(spec: Benchmark, folder: Path, found: list[Path]) -> None:
+    """A folder of hub release files must hold all of them: reading the releases that happen to
+    be there would measure a smaller split under the full benchmark's name."""
+    if len(spec.hub.data_files) < 2:
+        return
+    present = {p.name for p in found} & set(spec.hub.data_files)
+    missing = [f for f in spec.hub.data_files if f not in present]
+    if present and missing:
+        parts = [b.name for b in BENCHMARKS.values()
+                 if b.part_of == spec.name and set(b.hub.data_files) <= present]
+        raise DataError(f"{folder}/ holds {', '.join(sorted(present))} but not "
+                        f"{', '.join(missing)}: benchmark {spec.name!r} is all of "
+                        f"{', '.join(spec.hub.data_files)}; add the missing files or name the "
+                        f"parts you have ({', '.join(parts)})")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -353,7 +407,7 @@ def to_example(spec: Benchmark, row: Mapping, index: int, where: str) -> Example
                 f"({', '.join(spec.hub_fields)})"
             ) from None
     benchmark = fields.get("benchmark")
-    if benchmark not in (None, "", spec.name):
+    if benchmark not in (None, "", spec.name, spec.part_of):
         raise DataError(f"{where}: benchmark = {benchmark!r} but the file is read as {spec.name!r}; "
                         "fix the field or move the row to its benchmark's file")
     turns = fields.get("turns")
@@ -372,12 +426,16 @@ def to_example(spec: Benchmark, row: Mapping, index: int, where: str) -> Example
     return Example(str(example_id), spec.name, category, tuple(turns), fields.get("reference"))
 
 
-def _check_unique_ids(examples: list[Example], name: str) -> None:
-    seen: set[str] = set()
-    for e in examples:
-        if e.id in seen:
-            raise DataError(f"benchmark {name!r}: id {e.id!r} appears twice; ids must be unique")
-        seen.add(e.id)
+def _check_unique_ids(examples: list[Example], name: str, wheres: list[str] | None = None) -> None:
+    """Ids are unique; `wheres` (each example's file and row) names both rows of a duplicate,
+    e.g. one problem in two release files."""
+    first: dict[str, str] = {}
+    for index, e in enumerate(examples):
+        where = wheres[index] if wheres else f"row {index + 1}"
+        if e.id in first:
+            raise DataError(f"benchmark {name!r}: id {e.id!r} appears twice ({first[e.id]} and "
+                            f"{where}); ids must be unique")
+        first[e.id] = where
 
 
 def apply_limit(examples: list[Example], spec: Benchmark, limit: int | None) -> list[Example]:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -27,11 +28,15 @@ BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{
 
 
 def test_every_named_benchmark_has_a_fixture_or_shares_one_schema():
-    # The other throughput blocks share speed-throughput_1k's schema and converter.
+    # The other throughput blocks share speed-throughput_1k's schema and converter, the
+    # LiveCodeBench releases livecodebench's.
     others = set(BENCHMARKS) - set(FIXTURE_BENCHMARKS)
-    assert others == {"speed-throughput_2k", "speed-throughput_8k", "speed-throughput_16k",
-                      "speed-throughput_32k"}
-    assert {BENCHMARKS[n].convert for n in others} == {BENCHMARKS["speed-throughput_1k"].convert}
+    throughput = {"speed-throughput_2k", "speed-throughput_8k", "speed-throughput_16k",
+                  "speed-throughput_32k"}
+    releases = {f"livecodebench-v{n}" for n in range(1, 7)}
+    assert others == throughput | releases
+    assert {BENCHMARKS[n].convert for n in throughput} == {BENCHMARKS["speed-throughput_1k"].convert}
+    assert {BENCHMARKS[n].convert for n in releases} == {BENCHMARKS["livecodebench"].convert}
 
 
 @pytest.mark.parametrize("name", FIXTURE_BENCHMARKS)
@@ -113,6 +118,83 @@ def test_parquet_and_folder_layouts_read_like_jsonl(tmp_path):
     assert load_benchmark("gsm8k", "local", tmp_path) == load_benchmark("gsm8k", "local", DATA)
     assert ([e.turns for e in load_benchmark("mtbench", "local", tmp_path)]
             == [e.turns for e in load_benchmark("mtbench", "local", DATA)])
+
+
+LCB_RELEASE_FILES = ["test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl",
+                     "test6.jsonl"]
+
+
+def _write_lcb_releases(folder: Path, ids_by_file: dict[str, list[str]]) -> None:
+    """Release files as downloaded from livecodebench/code_generation_lite (hub schema)."""
+    folder.mkdir()
+    for name, ids in ids_by_file.items():
+        rows = [{"question_id": q, "question_content": f"Solve {q}.", "starter_code": "",
+                 "platform": "atcoder"} for q in ids]
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_livecodebench_is_the_full_release_read_from_a_folder_of_release_files(tmp_path):
+    # Written newest first: the order read must be the release order, not the folder's.
+    ids_by_file = {name: [f"p{n}a", f"p{n}b"] for n, name in enumerate(LCB_RELEASE_FILES, start=1)}
+    _write_lcb_releases(tmp_path / "livecodebench", dict(reversed(ids_by_file.items())))
+    examples = load_benchmark("livecodebench", "local", tmp_path)
+    assert [e.id for e in examples] == [f"livecodebench-p{n}{x}" for n in range(1, 7) for x in "ab"]
+    assert examples[0].turns == ("Solve p1a.",) and {e.benchmark for e in examples} == {"livecodebench"}
+
+
+def test_a_livecodebench_release_reads_only_its_own_file(tmp_path):
+    ids_by_file = {name: [f"p{n}"] for n, name in enumerate(LCB_RELEASE_FILES, start=1)}
+    _write_lcb_releases(tmp_path / "livecodebench", ids_by_file)
+    v2 = load_benchmark("livecodebench-v2", "local", tmp_path)
+    assert [(e.id, e.benchmark) for e in v2] == [("livecodebench-p2", "livecodebench-v2")]
+    assert [e.id for e in load_benchmark("livecodebench-v1", "local", tmp_path)] == ["livecodebench-p1"]
+    # A release's own file or folder, when there is one, is read instead.
+    (tmp_path / "livecodebench-v2.jsonl").write_text(json.dumps({"id": "own", "turns": ["x"]}) + "\n")
+    assert [e.id for e in load_benchmark("livecodebench-v2", "local", tmp_path)] == ["own"]
+    with pytest.raises(DataError, match=r"livecodebench-v3\.jsonl.*livecodebench/test3\.jsonl"):
+        load_benchmark("livecodebench-v3", "local", tmp_path / "livecodebench")
+
+
+def test_a_folder_with_some_livecodebench_releases_is_not_the_full_release(tmp_path):
+    _write_lcb_releases(tmp_path / "livecodebench", {"test6.jsonl": ["p6"]})
+    with pytest.raises(DataError, match=r"holds test6\.jsonl but not test\.jsonl, test2\.jsonl.*"
+                                        r"\(livecodebench-v6\)"):
+        load_benchmark("livecodebench", "local", tmp_path)
+    assert [e.id for e in load_benchmark("livecodebench-v6", "local", tmp_path)] == ["livecodebench-p6"]
+
+
+def test_a_problem_in_two_release_files_names_both_files(tmp_path):
+    ids_by_file = {name: [f"p{n}"] for n, name in enumerate(LCB_RELEASE_FILES, start=1)}
+    ids_by_file["test3.jsonl"].append("p1")
+    _write_lcb_releases(tmp_path / "livecodebench", ids_by_file)
+    with pytest.raises(DataError, match=r"id 'livecodebench-p1' appears twice \(.*livecodebench/"
+                                        r"test\.jsonl row 1 and .*livecodebench/test3\.jsonl row 2\)"):
+        load_benchmark("livecodebench", "local", tmp_path)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """`datasets.load_dataset` without the network: records its calls, returns one row per file."""
+    calls = []
+
+    def load_dataset(path, name=None, *, data_files=None, split=None):
+        calls.append({"path": path, "data_files": data_files, "split": split})
+        return [{"question_id": f.rsplit("/", 1)[-1], "question_content": f"From {f}.",
+                 "starter_code": ""} for f in data_files]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    return calls
+
+
+def test_hub_livecodebench_reads_every_release_file_and_a_release_its_own(fake_hub):
+    hub = "hf://datasets/livecodebench/code_generation_lite/"
+    full = load_benchmark("livecodebench", "hf")
+    assert fake_hub == [{"path": "json", "data_files": [hub + f for f in LCB_RELEASE_FILES],
+                         "split": "train"}]
+    assert [e.id for e in full] == [f"livecodebench-{f}" for f in LCB_RELEASE_FILES]
+    fake_hub.clear()
+    [v6] = load_benchmark("livecodebench-v6", "hf")
+    assert fake_hub[0]["data_files"] == [hub + "test6.jsonl"] and v6.benchmark == "livecodebench-v6"
 
 
 def test_common_schema_rows_are_accepted_for_named_benchmarks(tmp_path):
