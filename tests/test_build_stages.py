@@ -117,6 +117,60 @@ def test_realbed_runs_the_same_stages_in_order(tmp_path, monkeypatch):
     (tmp_path / "out").mkdir()
     manifest = realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None)
     assert names == ["target", "benchmarks", "prompts", "decontaminate", "split", "regenerate", "tokenize",
-                     "dflash", "lilicorr", "dspark", "domino", "dels_gru", "dels_markov", "measure",
-                     "measure_baselines", "ablation_no_distractor", "ablation_margin"]
+                     "dflash", "dflash_round2", "lilicorr", "dspark", "domino", "dels_gru", "dels_markov",
+                     "measure", "measure_baselines", "ablation_no_distractor", "ablation_margin",
+                     "ablation_eq6_blocks"]
     assert manifest["target_weights_sha256"] == "0" * 64 and set(manifest["versions"]) >= {"torch", "vllm"}
+
+
+def _record_stages(realbed, tmp_path, monkeypatch):
+    """run_stage replaced by a recorder that runs nothing but an adopted draft's copy."""
+    calls = {}
+
+    def record(out, name, fn, log=print):
+        calls[name] = fn
+        return {"weights_sha256": "0" * 64}
+
+    monkeypatch.setattr(realbed, "_eval_cli", lambda *args: str(tmp_path / "target") + "\n")
+    monkeypatch.setattr(realbed, "run_stage", record)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return calls
+
+
+def test_realbed_until_stops_after_the_named_stage(tmp_path, monkeypatch):
+    import training.realbed as realbed
+    from training.recipe import load_recipe
+
+    calls = _record_stages(realbed, tmp_path, monkeypatch)
+    with pytest.raises(realbed.StoppedAfter):
+        realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None, until="tokenize")
+    assert list(calls)[-1] == "tokenize" and "dflash" not in calls
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_realbed_adopts_a_finished_first_round(tmp_path, monkeypatch):
+    """--adopt dflash=DIR: the first DFlash round is a copy of DIR, recorded with its weights'
+    sha256 and the parent build's stage record; the second round starts from that copy."""
+    import hashlib
+
+    import training.realbed as realbed
+    from training.recipe import load_recipe
+
+    source = tmp_path / "shipped"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "model.safetensors").write_bytes(b"weights")
+    parent = tmp_path / "parent.json"
+    parent.write_text(json.dumps({"stages": {"dflash": {"steps": 1500}}}))
+    calls = _record_stages(realbed, tmp_path, monkeypatch)
+    realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None,
+                  adopt={"dflash": str(source)}, parent_manifest=parent)
+    fragment = calls["dflash"]()
+    first_round = tmp_path / "out" / "drafts" / "dflash_round1"
+    assert fragment["path"] == str(first_round) and (first_round / "model.safetensors").read_bytes() == b"weights"
+    assert fragment["sha256"] == {"model.safetensors": hashlib.sha256(b"weights").hexdigest()}
+    assert fragment["parent_build"] == {"steps": 1500}
+    with pytest.raises(ValueError, match="only the first DFlash round"):
+        realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"lilicorr": str(source)})
+    with pytest.raises(ValueError, match="no config.json"):
+        realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"dflash": str(tmp_path)})

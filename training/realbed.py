@@ -76,14 +76,47 @@ def _eval_cli(*args: str) -> str:
     return done.stdout
 
 
-def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print) -> dict:
+class StoppedAfter(Exception):
+    """`build(..., until=NAME)` finished stage NAME and stopped there (the rest runs on a rerun)."""
+
+
+def adopt_draft(source: str | Path, destination: Path, parent_manifest: str | Path | None, stage: str):
+    """A stage function that takes a finished draft folder (a previous build's shipped draft)
+    instead of training it: a build may span sessions whose caches are not kept. Its fragment
+    names the source, the sha256 of every weight file and the parent build's fragment."""
+    source = Path(source)
+    if not (source / "config.json").is_file():
+        raise ValueError(f"--adopt {stage}={source}: no config.json there; pass a draft folder")
+
+    def run():
+        shutil.copytree(source, destination, dirs_exist_ok=True)
+        fragment = {"adopted_from": str(source), "path": str(destination),
+                    "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                               for f in sorted(source.glob("*.safetensors"))}}
+        if parent_manifest:
+            fragment["parent_build"] = json.loads(Path(parent_manifest).read_text())["stages"].get(stage)
+        return fragment
+    return run
+
+
+def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
+          until: str | None = None, adopt: dict[str, str] | None = None,
+          parent_manifest: str | Path | None = None) -> dict:
     out = Path(out).resolve()
     seed = int(recipe["seed"])
     data = out / "data"
     stages: dict[str, dict] = {}
+    drafts = out / "drafts"
+    unknown = set(adopt or {}) - {"dflash"}
+    if unknown:
+        raise ValueError(f"--adopt {sorted(unknown)}: only the first DFlash round (dflash) can be adopted")
+    first_round = drafts / ("dflash_round1" if "dflash_round2" in recipe["recipes"] else "dflash")
+    adopted = {name: adopt_draft(path, first_round, parent_manifest, name) for name, path in (adopt or {}).items()}
 
     def stage(name, fn):
         stages[name] = run_stage(out, name, fn, log)
+        if name == until:
+            raise StoppedAfter(name)
         return stages[name]
 
     target_dir = Path(_eval_cli("fetch-target", recipe["target"]).strip())
@@ -142,7 +175,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
     stage("tokenize", tokenize)
 
-    drafts = out / "drafts"
     paths = {"target": str(target_dir), "data": str(data / "train.jsonl")}
 
     def draft(method: str, name: str, extra: dict | None = None, recipe_name: str | None = None,
@@ -154,7 +186,14 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
             return draft_stage(draft_recipe, folder or drafts / name, target_dir, resume=True)
         return run
 
-    stage("dflash", draft("dflash", "dflash"))
+    # A second DFlash round (recipe "dflash_round2") continues the first on the build's data; the
+    # first then lands in drafts/dflash_round1 and every later draft starts from the last round.
+    two_rounds = "dflash_round2" in recipe["recipes"]
+    first = drafts / ("dflash_round1" if two_rounds else "dflash")
+    stage("dflash", adopted.get("dflash") or draft("dflash", "dflash", folder=first))
+    if two_rounds:
+        stage("dflash_round2", draft("dflash", "dflash_round2", {"drafter.init_from": str(first)},
+                                     folder=drafts / "dflash"))
     stage("lilicorr", draft("lilicorr", "lilicorr", {"drafter.init_from": str(drafts / "dflash")}))
     # The papers' baselines, from the same start and on the same budget as LiLiCorr.
     for baseline in ("dspark", "domino"):
@@ -176,8 +215,12 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print)
 
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
         heldout = TokenizedDataset.load(data / "heldout.jsonl")
-        return measure_stage(target, heldout, drafts / "dflash", drafts / "lilicorr",
-                             recipe["measure"]["num_anchors"], seed)
+        fragment = measure_stage(target, heldout, drafts / "dflash", drafts / "lilicorr",
+                                 recipe["measure"]["num_anchors"], seed)
+        if two_rounds:  # what the second round added, on the same anchors
+            tau = drafter_acceptance(first, False, target, heldout, recipe["measure"]["num_anchors"], seed)
+            fragment["heldout_tau"]["dflash_round1"] = round(1 + tau["accept_argmax"], 4)
+        return fragment
 
     stage("measure", measure)
 
@@ -245,12 +288,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--recipe", default="smollm2/build", help="build recipe (training/recipes/...)")
     parser.add_argument("--out", required=True, help="output folder (reruns resume)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--until", metavar="STAGE", help="stop after this stage (e.g. tokenize: the "
+                                                         "data alone); a rerun without it goes on")
+    parser.add_argument("--adopt", action="append", default=[], metavar="dflash=DIR",
+                        help="take this finished draft as the first DFlash round instead of training it "
+                             "(a previous build's shipped drafter; the build then continues it)")
+    parser.add_argument("--parent-manifest", metavar="FILE",
+                        help="the manifest of the build an adopted draft came from (its stage record is kept)")
     parser.add_argument("--ship", metavar="DIR", help="after the build, copy the drafts and the "
                                                       "manifest into DIR (e.g. testbed/smollm2)")
     args = parser.parse_args(argv)
     recipe = apply_overrides(load_recipe(args.recipe), args.overrides)
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "training.realbed", *(argv or sys.argv[1:])])
-    build(recipe, args.out, command)
+    try:
+        adopt = dict(item.split("=", 1) for item in args.adopt)
+        build(recipe, args.out, command, until=args.until, adopt=adopt, parent_manifest=args.parent_manifest)
+    except StoppedAfter as stopped:
+        print(f"[realbed] stopped after stage {stopped} (--until); rerun without --until to go on")
+        return 0
     if args.ship:
         ship(args.out, args.ship)
     return 0
