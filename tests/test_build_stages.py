@@ -174,3 +174,22 @@ def test_realbed_adopts_a_finished_first_round(tmp_path, monkeypatch):
         realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"lilicorr": str(source)})
     with pytest.raises(ValueError, match="no config.json"):
         realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"dflash": str(tmp_path)})
+
+
+def test_realbed_seeds_its_data_from_a_snapshot(tmp_path, monkeypatch):
+    import training.realbed as realbed
+    from training.build_stages.snapshot import SNAPSHOT_FILES, write_snapshot
+    from training.recipe import load_recipe
+
+    recipe = load_recipe("smollm2/build")
+    source = tmp_path / "source"
+    (source / "data").mkdir(parents=True)
+    for name in SNAPSHOT_FILES:
+        (source / "data" / name).write_text('{"id": "x"}\n')
+    (source / "stages").mkdir()
+    for name in ("prompts", "regenerate"):
+        (source / "stages" / f"{name}.json").write_text("{}")
+    write_snapshot(source, tmp_path / "snap", recipe, "0" * 64)
+    _record_stages(realbed, tmp_path, monkeypatch)
+    realbed.build(recipe, tmp_path / "out", log=lambda _: None, data_snapshot=tmp_path / "snap")
+    assert all((tmp_path / "out" / "data" / name).read_text() == '{"id": "x"}\n' for name in SNAPSHOT_FILES)

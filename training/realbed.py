@@ -50,6 +50,7 @@ from training.build_stages.drafts import draft_stage
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
 from training.build_stages.regenerate import regenerate_stage
+from training.build_stages.snapshot import seed_from_snapshot, write_snapshot
 from training.build_stages.tokenization import tokenize_stage
 from training.build_stages.versions import versions
 from training.data import TokenizedDataset, read_jsonl_conversations
@@ -101,7 +102,7 @@ def adopt_draft(source: str | Path, destination: Path, parent_manifest: str | Pa
 
 def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
           until: str | None = None, adopt: dict[str, str] | None = None,
-          parent_manifest: str | Path | None = None) -> dict:
+          parent_manifest: str | Path | None = None, data_snapshot: str | Path | None = None) -> dict:
     out = Path(out).resolve()
     seed = int(recipe["seed"])
     data = out / "data"
@@ -122,6 +123,8 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
     target_dir = Path(_eval_cli("fetch-target", recipe["target"]).strip())
     stage("target", lambda: {"path": str(target_dir),
                              **json.loads((target_dir / "liliprop-target.json").read_text())})
+    if data_snapshot:
+        seed_from_snapshot(data_snapshot, out, recipe, stages["target"]["weights_sha256"], log)
 
     def benchmarks():
         _eval_cli("fetch-data", "--data-dir", str(out / "eval"), "--benchmarks", ",".join(recipe["benchmarks"]))
@@ -295,6 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(a previous build's shipped drafter; the build then continues it)")
     parser.add_argument("--parent-manifest", metavar="FILE",
                         help="the manifest of the build an adopted draft came from (its stage record is kept)")
+    parser.add_argument("--data-snapshot", metavar="DIR",
+                        help="start from the generated data kept in DIR (testbed/smollm2/data): the "
+                             "prompts and regenerate stages are taken from it, sha256-checked")
+    parser.add_argument("--write-data-snapshot", metavar="DIR",
+                        help="after the build (or --until), keep its generated data in DIR")
     parser.add_argument("--ship", metavar="DIR", help="after the build, copy the drafts and the "
                                                       "manifest into DIR (e.g. testbed/smollm2)")
     args = parser.parse_args(argv)
@@ -302,10 +310,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "training.realbed", *(argv or sys.argv[1:])])
     try:
         adopt = dict(item.split("=", 1) for item in args.adopt)
-        build(recipe, args.out, command, until=args.until, adopt=adopt, parent_manifest=args.parent_manifest)
+        build(recipe, args.out, command, until=args.until, adopt=adopt, parent_manifest=args.parent_manifest,
+              data_snapshot=args.data_snapshot)
     except StoppedAfter as stopped:
         print(f"[realbed] stopped after stage {stopped} (--until); rerun without --until to go on")
-        return 0
+        args.ship = None
+    if args.write_data_snapshot:
+        target = json.loads((Path(args.out) / "stages" / "target.json").read_text())
+        write_snapshot(Path(args.out), Path(args.write_data_snapshot), recipe, target["weights_sha256"])
+        print(f"[realbed] data snapshot written to {args.write_data_snapshot}")
     if args.ship:
         ship(args.out, args.ship)
     return 0
