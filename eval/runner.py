@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Example, measurement_groups
+from eval.machine import machine_record
 from eval.metrics import run_metrics, speedup
 from eval.prompts import PromptRenderer
 from eval.results import ResultsFile, git_revision, new_run_id, now
@@ -113,6 +114,7 @@ class Campaign:
             "target": self.target,
             "engine_flags": self.engine_flags_record(),
             "protocol": self.protocol.record(chat_kwargs),
+            "machine": machine_record(),
         }
         levels = sorted(set(self.protocol.concurrency) | ({1} if self.stage_systems else set()))
         out = []

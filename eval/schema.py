@@ -52,8 +52,10 @@ PROVENANCE_COLUMNS = [
     "protocol",        # JSON of the generation protocol shared by all arms (cap, warm-up, prompts, data)
     "data_provenance", # JSON of DATA_DIR/<benchmark>.provenance.json (wheel, file, rows / full size,
                        # partial) for data from `eval fetch-data`, "" otherwise
+    "machine",         # JSON of the CPU, cores and matrix instruction sets (eval/machine.py): CPU
+                       # speed figures compare only within one kind (AMX or not)
 ]
 
 ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS
 # Columns added after results files were first written: a file without them reads as NaN there.
-LATER_COLUMNS = ["paired_ar_output_tokens", "paired_ar_wall_s"]
+LATER_COLUMNS = ["paired_ar_output_tokens", "paired_ar_wall_s", "machine"]

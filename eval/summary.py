@@ -28,7 +28,18 @@ def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
         parts.append(f"### greedy output identical to AR (prompts{_dtype_note(checked)})\n\n{lossless}")
     if (results["kind"] == "stage").any():
         parts.append(f"### stages (ms per step)\n\n{render_markdown(stage_table(results))}")
+    # Files written before the column existed have none.
+    machines = sorted({m for m in results.get("machine", []) if isinstance(m, str) and m})
+    if machines:
+        parts.append("machine: " + "; ".join(_machine_line(m) for m in machines))
     return "\n".join(parts)
+
+
+def _machine_line(record: str) -> str:
+    """'<cpu>, <n> cores, <isa>' from the machine column (eval/machine.py)."""
+    machine = json.loads(record)
+    isa = "AMX" if "amx_bf16" in machine["isa"] else "no AMX (" + ", ".join(machine["isa"]) + ")"
+    return ", ".join(x for x in (machine["cpu"], f"{machine['cores']} cores", isa, machine.get("gpu")) if x)
 
 
 def _dtype_note(results) -> str:
