@@ -239,9 +239,9 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
 
         stage("measure_baselines", measure_baselines)
 
-    # Ablations of the LiLiCorr losses (paper Table 11, Appendix G): the lilicorr stage again with
-    # one loss setting changed, same start, data, seed and budget; held-out tau on the measure
-    # stage's anchors. Not shipped: drafts land in OUT/ablations/.
+    # Ablations of LiLiCorr's training (paper Table 11, Appendix G, Eq. 6, K): the lilicorr stage
+    # again with one recipe setting changed, same start, data, seed and budget; held-out tau on
+    # the measure stage's anchors. Not shipped: drafts land in OUT/ablations/.
     for name, overrides in recipe.get("ablations", {}).items():
         def ablation(name=name, overrides=overrides):
             from transformers import AutoModelForCausalLM
