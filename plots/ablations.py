@@ -16,6 +16,10 @@ the pooled (block-weighted) tau of each system over every row of the results fil
 when the change exceeds `tolerance` (relative, 1% by default: about one standard error of tau
 over a set of ~2,000 blocks such as the 48 held-out prompts x 64 tokens of the real target's
 run; greedy tau itself is deterministic), "=" otherwise. A comparison agrees when the directions match.
+
+A comparison whose baseline or variant has no rows in the results (a system not run yet) is
+shown as "not measured" (its measured side keeps its tau); the table's notes name the systems
+with no rows, so a misspelt name in the spec shows there.
 """
 
 import json
@@ -54,9 +58,13 @@ def system_label(system) -> str:
     return f"{system['system']} (α {system['dels_alpha']:g}, β {system['dels_beta']:g})"
 
 
+class NotMeasured(ValueError):
+    """The results have no rows of a system."""
+
+
 def system_tau(df: pd.DataFrame, system) -> float:
-    """Block-weighted tau of `system` (a name or a grid cell) over all its run rows; ValueError
-    if it has none, or if a plain name covers several DeLS grid cells."""
+    """Block-weighted tau of `system` (a name or a grid cell) over all its run rows; NotMeasured
+    (a ValueError) if it has none, ValueError if a plain name covers several DeLS grid cells."""
     name = system if isinstance(system, str) else system["system"]
     keep = df["system"] == name
     if "kind" in df.columns:
@@ -67,8 +75,8 @@ def system_tau(df: pd.DataFrame, system) -> float:
             keep &= (weights[key] - float(system[key])).abs() < 1e-9
     rows = df[keep]
     if rows.empty:
-        raise ValueError(f"the results have no rows of system {system_label(system)!r}; run it or fix "
-                         "the ablation spec")
+        raise NotMeasured(f"the results have no rows of system {system_label(system)!r}; run it or fix "
+                          "the ablation spec")
     if isinstance(system, str) and len(weights[keep].drop_duplicates()) > 1:
         raise ValueError(f"system {name!r} was run over a DeLS grid; name one cell as "
                          '{"system": ..., "dels_alpha": A, "dels_beta": B}')
@@ -82,20 +90,33 @@ def direction(change: float, tolerance: float = TOLERANCE) -> str:
 
 
 def ablation_table(df: pd.DataFrame, spec: dict, tolerance: float = TOLERANCE) -> Table:
-    rows = []
+    rows, unmeasured = [], []
+
+    def measured_tau(system) -> float:
+        try:
+            return system_tau(df, system)
+        except NotMeasured:
+            if system_label(system) not in unmeasured:
+                unmeasured.append(system_label(system))
+            return math.nan
+
     for entry in spec["comparisons"]:
-        base, variant = system_tau(df, entry["baseline"]), system_tau(df, entry["variant"])
+        base, variant = measured_tau(entry["baseline"]), measured_tau(entry["variant"])
         change = variant / base - 1.0
         ours = direction(change, tolerance)
         paper = entry["paper"]
-        agrees = "—" if paper == "n/a" else ("yes" if paper == ours else "no")
+        agrees = "—" if paper == "n/a" or ours == "n/a" else ("yes" if paper == ours else "no")
         paper_text = paper + (f" ({entry['paper_effect']})" if entry.get("paper_effect") else "")
+        change_text = "not measured" if math.isnan(change) else f"{100 * change:+.2f}%"
         rows.append(TableRow([entry["ablation"], entry.get("source", ""), f"{system_label(entry['variant'])} vs {system_label(entry['baseline'])}"],
-                             [base, variant], extras=[f"{100 * change:+.2f}%", paper_text, ours, agrees],
+                             [base, variant], extras=[change_text, paper_text, ours, agrees],
                              bold=False))
     table = Table(["Ablation", "Source", "Variant vs baseline"], ["τ baseline", "τ variant"], rows, 3,
                   extra_header=["Change", "Paper", "Ours", "Agrees"])
     table.caption = "ablations: acceptance length τ of each variant against its baseline, the paper's direction and ours"
     table.notes = [f"τ pooled over every prompt of the results (block-weighted); our direction is '=' within "
                    f"±{100 * tolerance:.1f}%, about one standard error of τ over ~2,000 blocks."]
+    if unmeasured:
+        table.notes.append(f"not measured (no rows in the results): {', '.join(unmeasured)}; run them, "
+                           "or check the names in the ablation spec.")
     return table

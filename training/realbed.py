@@ -21,6 +21,10 @@ stages, and an interrupted one resumes from its partial output):
                trained jointly with the drafter from the same start on the same budget
                (recipes smollm2/dspark, smollm2/domino);
   dels_gru, dels_markov  DeLS short heads with the unigram prior, on the same data;
+  dels_fusion_markov  (when the recipe's "recipes" names it) DeLS-Spec's learned alpha/beta
+               (its Table 4): per-slot schedules fitted over the final DFlash drafter with the
+               Markov head frozen, written as drafts/dflash/dels_markov_learned (dels_markov with
+               the learned schedule in its config; recipe smollm2/dels_fusion_markov);
   measure      held-out teacher-forced tau of every draft;
   measure_baselines  the same for the DSpark and Domino drafts;
   ablation_<name>  for each entry of the recipe's "ablations" ({name: {recipe key: value}}):
@@ -46,7 +50,7 @@ from typing import Any
 import torch
 
 from training.build_stages.dels import dels_stage
-from training.build_stages.drafts import draft_stage
+from training.build_stages.drafts import draft_stage, run_tail
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
 from training.build_stages.regenerate import regenerate_stage
@@ -58,6 +62,7 @@ from training.decontaminate import decontaminate_file
 from training.magpie import generate_prompts
 from training.recipe import apply_overrides, load_recipe
 from training.stages import finished_stages, run_stage
+from training.train_dels import run_fusion_training
 
 
 def _hash_order(record_id: str, seed: int) -> str:
@@ -213,6 +218,24 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
 
         stage(f"dels_{kind}", dels)
 
+    # DeLS-Spec Table 4, learned vs fixed alpha/beta: the shipped Markov head's schedules fitted
+    # over the final drafter (everything else frozen), served from a copy of its folder.
+    if "dels_fusion_markov" in recipe["recipes"]:
+        def dels_fusion_markov():
+            fusion_recipe = _draft_recipe(recipe["recipes"]["dels_fusion_markov"],
+                                          {**paths, "drafter": str(drafts / "dflash"),
+                                           "dels": str(drafts / "dflash" / "dels_markov"),
+                                           "train.output_dir": str(out / "runs" / "dels_fusion_markov")})
+            result = run_fusion_training(fusion_recipe, resume=True)
+            folder = drafts / "dflash" / "dels_markov_learned"
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(result["export_dir"], folder)
+            return {"recipe": fusion_recipe, "steps": result["trainer"].step, "path": str(folder),
+                    "alpha": result["alpha"], "beta": result["beta"],
+                    "train_tail": run_tail(result, ("ce", "long_only_ce"), 20)}
+
+        stage("dels_fusion_markov", dels_fusion_markov)
+
     def measure():
         from transformers import AutoModelForCausalLM
 
@@ -265,7 +288,9 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
     return manifest
 
 
-SHIPPED = ("dflash", "lilicorr", "dspark", "domino")  # dflash/ holds the DeLS folders dels/ and dels_markov/
+# dflash/ is copied whole, with the DeLS folders in it: dels/, dels_markov/ and (stage
+# dels_fusion_markov) dels_markov_learned/.
+SHIPPED = ("dflash", "lilicorr", "dspark", "domino")
 
 
 def ship(out: str | Path, dest: str | Path, log=print) -> Path:

@@ -20,12 +20,18 @@ Stage "fusion" (method "dels_fusion", optional; DeLS Section "learnable alpha/be
 target, a trained DFlash drafter and the short head are frozen; only per-slot alpha[S] and
 beta[S] (initialized to 0.3) are trained with the CE of the fused logits
     long + alpha_s * log_softmax(short) - beta_s * log_prior.
-The learned schedules are written into the DeLS folder's config (alpha, beta lists).
+The short logits follow the head's serving layout, its folder's pure_draft_prefix_len P: for
+P = 0 slot s reads x_a .. x_{a+s}; for P = 1 slot 0 is the drafter's alone (alpha_0 = beta_0 = 0,
+never trained) and slot s >= 1 reads x_{a+1} .. x_{a+s}. A drafter exported with a reduced
+vocabulary (draft_vocab_size + d2t) is scored over those ids only, as serving does
+(long logits, log_softmax of the short ones and the prior over the N ids; labels outside them
+are not supervised). The learned schedules are written into the DeLS folder's config as
+lists of S entries, entry s for draft slot s (the first P entries 0: what serving applies).
 
 Recipe fields: method, target (tokenizer + embedding table), data, device, head
 ({"kind", "hidden_size", "rank", "rank_activation"}), prior_smoothing [1.0], block_size [16],
 num_anchors [256], pure_draft_prefix_len [0], train (TrainConfig; optim.lr/weight_decay need a "head" entry), and for
-fusion: drafter (DFlash dir), dels (DeLS folder), alpha/beta init [0.3].
+fusion: drafter (DFlash dir), dels (DeLS folder; P is read from its config), alpha/beta init [0.3].
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from training.blocks import block_windows, build_blocks, sample_anchors
 from training.data import TokenizedDataset, collate
-from training.export import dels_checkpoint_info, export_dels, load_dflash
+from training.export import dels_checkpoint_info, export_dels, load_dflash, read_draft_vocab
 from training.features import OnlineFeatures, frozen_target_weights
 from training.pipeline import load_frozen_target, start_run
 from training.recipe import add_recipe_arguments, recipe_from_args
@@ -56,6 +62,7 @@ from vllm_liliprop.heads.dels_io import load_dels_head, tokenizer_fingerprint
 __all__ = [
     "ShortHeadObjective",
     "FusionObjective",
+    "short_head_windows",
     "build_short_head",
     "run_dels_training",
     "run_fusion_training",
@@ -69,6 +76,16 @@ _ROWS_PER_CHUNK = 4096
 def _sum_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ce = F.cross_entropy(logits.float().flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
     return (ce * mask.flatten()).sum()
+
+
+def short_head_windows(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                       prefix_len: int) -> torch.Tensor:
+    """The block-local prefixes a short head reads at serving time, for teacher forcing:
+    [B, N, block_size - 1 - P] tokens at a + P + j. P = 0: the anchor, then the block's true
+    tokens (x_a, x_{a+1}, ...); P = 1: the block's tokens without the anchor (x_{a+1}, ...).
+    Row j of the head's output (after consuming j + 1 of them) scores draft slot P + j; the
+    slots before P are never corrected."""
+    return block_windows(input_ids, anchors, block_size - 1 - prefix_len, offset=prefix_len)
 
 
 class ShortHeadObjective(nn.Module):
@@ -116,7 +133,7 @@ class ShortHeadObjective(nn.Module):
             # The head consumes the anchor (P = 0) or the block's first token (P = 1), then the
             # block's true tokens; the slots before P are never corrected, so never trained.
             p = self.prefix_len
-            window = block_windows(input_ids, anchors, self.block_size - 1 - p, offset=p)
+            window = short_head_windows(input_ids, anchors, self.block_size, p)
             targets, slot_mask = targets[..., p:], slot_mask[..., p:]
             window, targets, slot_mask = window[valid], targets[valid], slot_mask[valid]
             total = self._chunked(window, targets, slot_mask, self.head)
@@ -129,40 +146,89 @@ class ShortHeadObjective(nn.Module):
 
 
 class FusionObjective(nn.Module):
-    """Learn per-slot alpha/beta with everything else frozen (DeLS, learnable variant)."""
+    """Learn per-slot alpha/beta with everything else frozen (DeLS, learnable variant).
+
+    pure_draft_prefix_len P: the head's serving layout (its DeLS config). Slot s < P is the
+    drafter's alone: its alpha/beta stay 0 and get no gradient. Slot s >= P fuses the head's
+    prediction after the block-local prefix `short_head_windows` gives it.
+    vocab_ids [N] (ascending target ids, a drafter's reduced vocabulary) or None: every term is
+    scored over those ids only, as the serving rule does, and labels outside them are not
+    supervised (no draft can propose them)."""
 
     def __init__(self, drafter, head, prior: UnigramPrior, embed_weight: torch.Tensor,
-                 lm_head_weight: torch.Tensor, num_anchors: int = 256, alpha: float = 0.3, beta: float = 0.3) -> None:
+                 lm_head_weight: torch.Tensor, num_anchors: int = 256, alpha: float = 0.3, beta: float = 0.3,
+                 pure_draft_prefix_len: int = 0, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
+        check_prefix_len(pure_draft_prefix_len)
         slots = drafter.config.block_size - 1
+        if slots <= pure_draft_prefix_len:
+            raise ValueError(f"block_size must be >= {2 + pure_draft_prefix_len} for pure_draft_prefix_len "
+                             f"= {pure_draft_prefix_len} (a fused slot), got {drafter.config.block_size}")
         self.drafter = drafter.requires_grad_(False)
         self.head = head.requires_grad_(False)
-        self.alpha = nn.Parameter(torch.full((slots,), float(alpha)))
-        self.beta = nn.Parameter(torch.full((slots,), float(beta)))
+        self.prefix_len = pure_draft_prefix_len
+        initial = {}
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            weights = torch.full((slots,), float(value))
+            weights[:pure_draft_prefix_len] = 0.0  # what serving applies there (slot_schedule)
+            initial[name] = weights
+        self.alpha = nn.Parameter(initial["alpha"])
+        self.beta = nn.Parameter(initial["beta"])
         self.num_anchors = num_anchors
-        self.register_buffer("log_prior", prior.log_probs.float(), persistent=False)
+        log_prior = prior.log_probs.float()
+        if vocab_ids is None:
+            self.vocab_ids = self.vocab_position = None
+        else:
+            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=lm_head_weight.device)
+            if vocab_ids.dim() != 1 or vocab_ids.numel() == 0 or bool((vocab_ids[1:] <= vocab_ids[:-1]).any()) or not (
+                    0 <= int(vocab_ids[0]) and int(vocab_ids[-1]) < lm_head_weight.shape[0]):
+                raise ValueError(f"vocab_ids must be ascending distinct token ids in [0, {lm_head_weight.shape[0]})")
+            position = torch.full((lm_head_weight.shape[0],), -1, dtype=torch.int64, device=vocab_ids.device)
+            position[vocab_ids] = torch.arange(vocab_ids.numel(), device=vocab_ids.device)
+            self.register_buffer("vocab_ids", vocab_ids, persistent=False)
+            self.register_buffer("vocab_position", position, persistent=False)
+            lm_head_weight = lm_head_weight[vocab_ids]
+            log_prior = log_prior[vocab_ids.to(log_prior.device)]
+        self.register_buffer("log_prior", log_prior, persistent=False)
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
 
+    def schedule(self, name: str) -> list[float]:
+        """The learned alpha or beta as a DeLS config writes it: S entries, entry s for draft
+        slot s, the first P of them 0 (`heads.dels.slot_schedule` zeroes them at serving)."""
+        weights = getattr(self, name).detach().float().cpu().clone()
+        weights[:self.prefix_len] = 0.0
+        return [round(float(w), 6) for w in weights]
+
     def forward(self, input_ids, loss_mask, target_taps, seeds, target_final_hidden=None) -> dict[str, torch.Tensor]:
         cfg = self.drafter.config
+        p = self.prefix_len
         anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
         block_ids, targets, slot_mask = build_blocks(input_ids, loss_mask, anchors, valid, cfg.block_size, cfg.mask_token_id)
         with torch.no_grad():
             context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
             hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
             long_logits = F.linear(hidden[:, :, 1:][valid], self.lm_head_weight).float()
-            window = block_windows(input_ids, anchors, cfg.block_size - 1)
-            short_logits = self.head(window[valid]).float()
+            window = short_head_windows(input_ids, anchors, cfg.block_size, p)
+            short_logits = self.head(window[valid]).float()  # row j scores slot p + j
+            if self.vocab_ids is not None:
+                short_logits = short_logits[..., self.vocab_ids]
         targets, slot_mask = targets[valid], slot_mask[valid]
-        fused = dels_fuse(long_logits, short_logits, self.log_prior, self.alpha, self.beta)
+        if self.vocab_ids is not None:
+            targets = torch.where(targets >= 0, self.vocab_position[targets.clamp(min=0)], targets)
+            slot_mask = slot_mask & (targets >= 0)
+        # Slots < p are the drafter's alone, as served: no alpha/beta term, so no gradient.
+        fused = dels_fuse(long_logits[:, p:], short_logits, self.log_prior, self.alpha[p:], self.beta[p:])
+        if p:
+            fused = torch.cat([long_logits[:, :p], fused], dim=1)
         total = _sum_ce(fused, targets, slot_mask.float())
         count = slot_mask.sum()
         loss = total / count.clamp(min=1)
         with torch.no_grad():
             long_ce = _sum_ce(long_logits, targets, slot_mask.float()) / count.clamp(min=1)
+        fitted = slice(p, None)
         return {"loss": loss, "ce": loss.detach(), "long_only_ce": long_ce, "supervised": count.float(),
-                "alpha_mean": self.alpha.detach().mean(), "beta_mean": self.beta.detach().mean()}
+                "alpha_mean": self.alpha.detach()[fitted].mean(), "beta_mean": self.beta.detach()[fitted].mean()}
 
     def loss_for_ranks(self, terms, mean_over_ranks) -> torch.Tensor:
         return terms["loss"] * terms["supervised"] / mean_over_ranks(terms["supervised"]).clamp(min=1)
@@ -276,10 +342,15 @@ def run_fusion_training(recipe: dict[str, Any], *, resume=None, target_model=Non
         dataset = TokenizedDataset.load(recipe["data"])
     embed_weight, lm_head_weight = frozen_target_weights(target_model)
     drafter = load_dflash(recipe["drafter"]).to(device)
-    head, prior, _ = load_dels_head(recipe["dels"], embed_weight.float(), drafter.config.vocab_size)
+    head, prior, config = load_dels_head(recipe["dels"], embed_weight.float(), drafter.config.vocab_size)
+    # The layout the head serves with (the field the serving rule reads), and the drafter's
+    # reduced vocabulary if it was exported with one: alpha/beta are fitted to what is served.
+    vocab_ids = read_draft_vocab(recipe["drafter"])
     objective = FusionObjective(drafter, head.to(device).float(), prior.to(device), embed_weight.float(),
                                 lm_head_weight.float(), int(recipe.get("num_anchors", 256)),
-                                recipe.get("alpha", 0.3), recipe.get("beta", 0.3))
+                                recipe.get("alpha", 0.3), recipe.get("beta", 0.3),
+                                config.pure_draft_prefix_len,
+                                None if vocab_ids is None else vocab_ids.to(device))
     features = OnlineFeatures(target_model, drafter.config.target_layer_ids, final_hidden=False)
 
     def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
@@ -292,8 +363,7 @@ def run_fusion_training(recipe: dict[str, Any], *, resume=None, target_model=Non
     trainer = Trainer(objective, {"head": fusion}, make_inputs, len(dataset), train_config, device=device,
                       dist_env=env, checkpoint_extras={"kind": "dels_fusion"}, progress=progress)
     history = trainer.fit(resume=True if resume == "latest" else resume)
-    alpha = [round(float(a), 6) for a in objective.alpha.detach().cpu()]
-    beta = [round(float(b), 6) for b in objective.beta.detach().cpu()]
+    alpha, beta = objective.schedule("alpha"), objective.schedule("beta")
     export_dir = Path(train_config.output_dir) / "final"
     if env.is_main:
         if export_dir.exists():
