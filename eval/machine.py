@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 
 import torch
+
+from vllm_liliprop.host import cpu_model_and_flags
 
 __all__ = ["machine_record"]
 
@@ -20,24 +21,9 @@ __all__ = ["machine_record"]
 ISA_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
 
 
-def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
-    model, flags = "", set()
-    try:
-        with open(path) as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), flags
-
-
 def machine_record(cpuinfo_path: str = "/proc/cpuinfo") -> str:
     """JSON: {"cpu", "cores" (usable by this process), "isa" (those of ISA_FLAGS present), "gpu"}."""
-    model, flags = _cpuinfo(cpuinfo_path)
+    model, flags = cpu_model_and_flags(cpuinfo_path)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

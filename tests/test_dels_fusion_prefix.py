@@ -301,6 +301,6 @@ def test_the_smollm2_fusion_recipe():
     recipe = load_recipe("smollm2/dels_fusion_markov")
     assert recipe["method"] == "dels_fusion" and recipe["num_anchors"] == 64
     train = TrainConfig(**recipe["train"])
-    assert 100 <= train.max_steps <= 200 and train.batch_size == 4 and train.precision == "bf16"
+    assert 100 <= train.max_steps <= 200 and train.batch_size == 4 and train.precision == "auto"
     assert train.optim.lr == {"head": 0.01}
     assert recipe["dels"].endswith("drafts/dflash/dels_markov") and recipe["drafter"].endswith("drafts/dflash")

@@ -120,3 +120,28 @@ def test_a_finished_stage_is_not_run_again(tmp_path):
     with pytest.raises(RuntimeError):
         run_stage(tmp_path, "broken", lambda: (_ for _ in ()).throw(RuntimeError("x")), log=lambda _: None)
     assert not (tmp_path / "stages" / "broken.json").exists()
+
+
+def test_fp32_training_distills_from_a_bf16_target(tmp_path):
+    """A bf16 target's final hidden states meet the fp32 LM head in fp32 training (precision
+    auto picks fp32 on a CPU without AMX): this used to stop with a dtype error."""
+    recipe = tiny_recipe("dflash", tmp_path / "run", max_steps=2, save_every=100)
+    recipe["loss"] = {"dflash_decay": 4.0, "distill": 0.5}
+    result = run_draft_training(recipe, target_model=tiny_target().to(torch.bfloat16),
+                                dataset=patterned_dataset(), progress=False)
+    assert result["trainer"].step == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in result["history"])
+
+
+def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
+    import training.trainer as trainer
+    from vllm_liliprop.host import cpu_has_amx
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert cpu_has_amx(str(info))
+    info.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16\n")
+    assert not cpu_has_amx(str(info))
+    for amx, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
+        assert trainer.auto_precision(torch.device("cpu")) == expected
+    assert trainer.auto_precision(torch.device("cuda")) == "bf16"

@@ -164,8 +164,11 @@ class DraftObjective(nn.Module):
         teacher_logits = None
         if self.weights.distill > 0:
             with torch.no_grad():
+                # In the LM head's dtype: a bf16 target under fp32 training (autocast casts both
+                # operands itself, so bf16 training computes exactly as before).
                 teacher_logits = F.linear(
-                    self._slot_states(target_final_hidden, anchors, valid, targets.shape[1]),
+                    self._slot_states(target_final_hidden, anchors, valid, targets.shape[1]).to(
+                        self.lm_head_weight.dtype),
                     self.lm_head_weight)
 
         lattice_inputs = {}

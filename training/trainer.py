@@ -38,6 +38,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.blocks import example_seed
+from vllm_liliprop.host import cpu_has_amx
 
 __all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
 
@@ -74,7 +75,7 @@ class TrainConfig:
     max_steps: int | None = None
     batch_size: int = 1  # sequences per rank per micro-batch
     grad_accum: int = 1
-    precision: str = "auto"  # "auto" (bf16 on CUDA, else fp32), "bf16", "fp32"
+    precision: str = "auto"  # "auto" (bf16 on CUDA and on CPUs with AMX, else fp32), "bf16", "fp32"
     seed: int = 0
     save_every: int = 1000
     keep_checkpoints: int = 2
@@ -148,6 +149,16 @@ def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: floa
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def auto_precision(device: torch.device) -> str:
+    """What precision "auto" trains in: bf16 autocast where the hardware runs it fast (CUDA, a
+    CPU with AMX: 930 GFLOPS bf16 against 214 fp32 on this project's AMX hosts), else fp32
+    (without AMX bf16 matmul is slower than fp32 here: 132 vs 162 GFLOPS, and a SmolLM2 DFlash
+    step took 6.1 s in bf16 autocast against 3.3 s in fp32)."""
+    if device.type == "cuda":
+        return "bf16"
+    return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
 
 
 def _epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
@@ -230,7 +241,7 @@ class Trainer:
     def _autocast(self):
         precision = self.config.precision
         if precision == "auto":
-            precision = "bf16" if self.device.type == "cuda" else "fp32"
+            precision = auto_precision(self.device)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     # -- data position ---------------------------------------------------------------------
