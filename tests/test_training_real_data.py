@@ -145,3 +145,10 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
         monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
         assert trainer.auto_precision(torch.device("cpu")) == expected
     assert trainer.auto_precision(torch.device("cuda")) == "bf16"
+    from training import startup
+
+    monkeypatch.setattr(startup, "auto_precision", lambda device: "fp32")
+    assert startup.target_dtype("auto", torch.device("cpu")) == torch.float32
+    assert startup.target_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(startup, "auto_precision", lambda device: "bf16")
+    assert startup.target_dtype("auto", torch.device("cpu")) == torch.bfloat16

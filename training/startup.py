@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from training.trainer import DistEnv, TrainConfig
+from training.trainer import DistEnv, TrainConfig, auto_precision
 
 
 def resolve_device(name: str, env: DistEnv) -> torch.device:
@@ -26,6 +26,14 @@ def start_run(recipe: dict[str, Any]) -> tuple[TrainConfig, DistEnv, torch.devic
     return train_config, env, device
 
 
+def target_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A recipe's target_dtype; "auto" is bfloat16 where bf16 runs fast (the trainer's
+    `auto_precision`: CUDA, a CPU with AMX), else float32 (the same weights, upcast)."""
+    if name == "auto":
+        return torch.bfloat16 if auto_precision(device) == "bf16" else torch.float32
+    return getattr(torch, name)
+
+
 def load_frozen_target(recipe: dict[str, Any], device: torch.device, target_model=None):
     """The target (recipe["target"] in recipe["target_dtype"], unless given) on the device, frozen."""
     if target_model is None:
@@ -33,6 +41,6 @@ def load_frozen_target(recipe: dict[str, Any], device: torch.device, target_mode
         from transformers import AutoModelForCausalLM
 
         target_model = AutoModelForCausalLM.from_pretrained(
-            recipe["target"], dtype=getattr(torch, recipe.get("target_dtype", "bfloat16"))
+            recipe["target"], dtype=target_dtype(recipe.get("target_dtype", "bfloat16"), device)
         )
     return target_model.to(device).eval().requires_grad_(False)
