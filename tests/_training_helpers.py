@@ -101,3 +101,18 @@ def ddp_worker(rank: int, world_size: int, port: int, recipe: dict, result_dir: 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def record_realbed_stages(realbed, tmp_path, monkeypatch) -> dict:
+    """training.realbed with its stages recorded, not run: {stage name: its function}; the
+    target is tmp_path/target, and every stage returns a fragment with a dummy target sha256."""
+    calls = {}
+
+    def record(out, name, fn, log=print):
+        calls[name] = fn
+        return {"weights_sha256": "0" * 64}
+
+    monkeypatch.setattr(realbed, "_eval_cli", lambda *args: str(tmp_path / "target") + "\n")
+    monkeypatch.setattr(realbed, "run_stage", record)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return calls

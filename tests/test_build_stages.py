@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from tests._training_helpers import record_realbed_stages
 from training.build_stages.dels import dels_stage
 from training.build_stages.drafts import draft_stage, run_tail, tail_means
 from training.build_stages.measure import measure_stage
@@ -123,25 +124,11 @@ def test_realbed_runs_the_same_stages_in_order(tmp_path, monkeypatch):
     assert manifest["target_weights_sha256"] == "0" * 64 and set(manifest["versions"]) >= {"torch", "vllm"}
 
 
-def _record_stages(realbed, tmp_path, monkeypatch):
-    """run_stage replaced by a recorder that runs nothing but an adopted draft's copy."""
-    calls = {}
-
-    def record(out, name, fn, log=print):
-        calls[name] = fn
-        return {"weights_sha256": "0" * 64}
-
-    monkeypatch.setattr(realbed, "_eval_cli", lambda *args: str(tmp_path / "target") + "\n")
-    monkeypatch.setattr(realbed, "run_stage", record)
-    (tmp_path / "out").mkdir(exist_ok=True)
-    return calls
-
-
 def test_realbed_until_stops_after_the_named_stage(tmp_path, monkeypatch):
     import training.realbed as realbed
     from training.recipe import load_recipe
 
-    calls = _record_stages(realbed, tmp_path, monkeypatch)
+    calls = record_realbed_stages(realbed, tmp_path, monkeypatch)
     with pytest.raises(realbed.StoppedAfter):
         realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None, until="tokenize")
     assert list(calls)[-1] == "tokenize" and "dflash" not in calls
@@ -162,7 +149,7 @@ def test_realbed_adopts_a_finished_first_round(tmp_path, monkeypatch):
     (source / "model.safetensors").write_bytes(b"weights")
     parent = tmp_path / "parent.json"
     parent.write_text(json.dumps({"stages": {"dflash": {"steps": 1500}}}))
-    calls = _record_stages(realbed, tmp_path, monkeypatch)
+    calls = record_realbed_stages(realbed, tmp_path, monkeypatch)
     realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None,
                   adopt={"dflash": str(source)}, parent_manifest=parent)
     fragment = calls["dflash"]()
@@ -190,6 +177,6 @@ def test_realbed_seeds_its_data_from_a_snapshot(tmp_path, monkeypatch):
     for name in ("prompts", "regenerate"):
         (source / "stages" / f"{name}.json").write_text("{}")
     write_snapshot(source, tmp_path / "snap", recipe, "0" * 64)
-    _record_stages(realbed, tmp_path, monkeypatch)
+    record_realbed_stages(realbed, tmp_path, monkeypatch)
     realbed.build(recipe, tmp_path / "out", log=lambda _: None, data_snapshot=tmp_path / "snap")
     assert all((tmp_path / "out" / "data" / name).read_text() == '{"id": "x"}\n' for name in SNAPSHOT_FILES)

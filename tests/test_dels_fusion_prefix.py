@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import training.train_dels as train_dels
 from _training_helpers import single_thread  # noqa: F401 (autouse)
-from _training_helpers import patterned_dataset, tiny_target
+from _training_helpers import patterned_dataset, record_realbed_stages, tiny_target
 from training.blocks import sample_anchors
 from training.data import collate
 from training.drafter import DFlashDrafter, DrafterConfig
@@ -225,19 +225,6 @@ def test_run_fusion_training_exports_a_p1_schedule_serving_reads(tmp_path):
         assert applied.tolist() == pytest.approx(result[name])
 
 
-def _record_realbed(realbed, tmp_path, monkeypatch) -> dict:
-    calls = {}
-
-    def record(out, name, fn, log=print):
-        calls[name] = fn
-        return {"weights_sha256": "0" * 64}
-
-    monkeypatch.setattr(realbed, "_eval_cli", lambda *args: str(tmp_path / "target") + "\n")
-    monkeypatch.setattr(realbed, "run_stage", record)
-    (tmp_path / "out").mkdir(exist_ok=True)
-    return calls
-
-
 def test_realbed_fusion_stage_fits_the_markov_head_over_the_final_drafter(tmp_path, monkeypatch):
     """Stage dels_fusion_markov: recipe smollm2/dels_fusion_markov with the build's paths (the
     final drafter, the Markov folder the dels_markov stage wrote); its export becomes
@@ -261,7 +248,7 @@ def test_realbed_fusion_stage_fits_the_markov_head_over_the_final_drafter(tmp_pa
                 "trainer": SimpleNamespace(step=1, output_dir=str(tmp_path / "fusion"))}
 
     monkeypatch.setattr(realbed, "run_fusion_training", fake_fusion)
-    calls = _record_realbed(realbed, tmp_path, monkeypatch)
+    calls = record_realbed_stages(realbed, tmp_path, monkeypatch)
     build = load_recipe("smollm2/build")
     realbed.build(build, tmp_path / "out", log=lambda _: None)
     names = list(calls)
