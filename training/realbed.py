@@ -54,7 +54,7 @@ from training.build_stages.drafts import draft_stage, run_tail
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
 from training.build_stages.regenerate import regenerate_stage
-from training.build_stages.snapshot import seed_from_snapshot, write_snapshot
+from training.build_stages.snapshot import file_sha256, seed_from_snapshot, write_snapshot
 from training.build_stages.tokenization import tokenize_stage
 from training.build_stages.versions import versions
 from training.data import TokenizedDataset, read_jsonl_conversations
@@ -97,8 +97,7 @@ def adopt_draft(source: str | Path, destination: Path, parent_manifest: str | Pa
     def run():
         shutil.copytree(source, destination, dirs_exist_ok=True)
         fragment = {"adopted_from": str(source), "path": str(destination),
-                    "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-                               for f in sorted(source.glob("*.safetensors"))}}
+                    "sha256": {f.name: file_sha256(f) for f in sorted(source.glob("*.safetensors"))}}
         if parent_manifest:
             fragment["parent_build"] = json.loads(Path(parent_manifest).read_text())["stages"].get(stage)
         return fragment
@@ -113,11 +112,14 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
     data = out / "data"
     stages: dict[str, dict] = {}
     drafts = out / "drafts"
+    # A second DFlash round (recipe "dflash_round2") continues the first on the build's data; the
+    # first then lands in drafts/dflash_round1 and every later draft starts from the last round.
+    two_rounds = "dflash_round2" in recipe["recipes"]
+    first = drafts / ("dflash_round1" if two_rounds else "dflash")
     unknown = set(adopt or {}) - {"dflash"}
     if unknown:
         raise ValueError(f"--adopt {sorted(unknown)}: only the first DFlash round (dflash) can be adopted")
-    first_round = drafts / ("dflash_round1" if "dflash_round2" in recipe["recipes"] else "dflash")
-    adopted = {name: adopt_draft(path, first_round, parent_manifest, name) for name, path in (adopt or {}).items()}
+    adopted = {name: adopt_draft(path, first, parent_manifest, name) for name, path in (adopt or {}).items()}
 
     def stage(name, fn):
         stages[name] = run_stage(out, name, fn, log)
@@ -194,10 +196,6 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
             return draft_stage(draft_recipe, folder or drafts / name, target_dir, resume=True)
         return run
 
-    # A second DFlash round (recipe "dflash_round2") continues the first on the build's data; the
-    # first then lands in drafts/dflash_round1 and every later draft starts from the last round.
-    two_rounds = "dflash_round2" in recipe["recipes"]
-    first = drafts / ("dflash_round1" if two_rounds else "dflash")
     stage("dflash", adopted.get("dflash") or draft("dflash", "dflash", folder=first))
     if two_rounds:
         stage("dflash_round2", draft("dflash", "dflash_round2", {"drafter.init_from": str(first)},

@@ -21,7 +21,7 @@ from typing import Any
 
 from training.stages import stage_path
 
-__all__ = ["SNAPSHOT_FILES", "SNAPSHOT_STAGES", "data_recipe", "write_snapshot", "seed_from_snapshot"]
+__all__ = ["SNAPSHOT_FILES", "SNAPSHOT_STAGES", "data_recipe", "file_sha256", "write_snapshot", "seed_from_snapshot"]
 
 SNAPSHOT_FILES = ("magpie.jsonl", "heldout_regenerated.jsonl", "train_regenerated.jsonl")
 SNAPSHOT_STAGES = ("prompts", "regenerate")
@@ -34,7 +34,7 @@ def data_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
     return {key: recipe[key] for key in DATA_FIELDS}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -51,13 +51,13 @@ def write_snapshot(out: Path, dest: Path, recipe: dict[str, Any], target_sha256:
     (dest / "stages").mkdir(parents=True, exist_ok=True)
     files = {}
     for name in SNAPSHOT_FILES:
-        source = out / "data" / name
+        content = (out / "data" / name).read_bytes()  # a few MB
         # mtime 0 and no file name in the header: the same data gives the same bytes.
-        with open(source, "rb") as f, open(dest / f"{name}.gz", "wb") as raw, \
+        with open(dest / f"{name}.gz", "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as z:
-            shutil.copyfileobj(f, z)
-        files[name] = {"rows": sum(1 for line in open(source, encoding="utf-8") if line.strip()),
-                       "sha256": _sha256(source)}
+            z.write(content)
+        files[name] = {"rows": sum(1 for line in content.split(b"\n") if line.strip()),
+                       "sha256": hashlib.sha256(content).hexdigest()}
     for name in SNAPSHOT_STAGES:
         shutil.copyfile(stage_path(out, name), dest / "stages" / f"{name}.json")
     record = {"recipe": data_recipe(recipe), "target_weights_sha256": target_sha256, "files": files}
@@ -85,7 +85,7 @@ def seed_from_snapshot(snapshot: Path, out: Path, recipe: dict[str, Any], target
         partial = destination.with_name(name + ".part")
         with gzip.open(snapshot / f"{name}.gz", "rb") as z, open(partial, "wb") as f:
             shutil.copyfileobj(z, f)
-        if _sha256(partial) != expected["sha256"]:
+        if file_sha256(partial) != expected["sha256"]:
             partial.unlink()
             raise ValueError(f"{snapshot / (name + '.gz')} does not hold the data snapshot.json names "
                              "(sha256 differs): the snapshot is damaged; check it out again")
