@@ -7,6 +7,7 @@ bf16 autocast pays on one kind of host and costs on the other.
 
 from __future__ import annotations
 
+import functools
 import platform
 
 __all__ = ["cpu_model_and_flags", "cpu_has_amx"]
@@ -29,5 +30,6 @@ def cpu_model_and_flags(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
     return model or platform.processor() or platform.machine(), flags
 
 
+@functools.cache  # the trainer asks on every step; the CPU does not change under a process
 def cpu_has_amx(path: str = "/proc/cpuinfo") -> bool:
     return "amx_bf16" in cpu_model_and_flags(path)[1]
