@@ -136,11 +136,10 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
     import training.trainer as trainer
     from vllm_liliprop.host import cpu_has_amx
 
-    info = tmp_path / "cpuinfo"
-    info.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n")
-    assert cpu_has_amx(str(info))
-    info.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16\n")
-    assert not cpu_has_amx(str(info))
+    amx, plain = tmp_path / "amx", tmp_path / "plain"  # two files: the answer is cached per path
+    amx.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    plain.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16\n")
+    assert cpu_has_amx(str(amx)) and not cpu_has_amx(str(plain))
     for amx, expected in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
         assert trainer.auto_precision(torch.device("cpu")) == expected
