@@ -33,7 +33,7 @@ from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.lattice import LatticeHead
 from vllm_liliprop.walks import greedy_walk
 
-__all__ = ["DraftObjective", "accepted_prefix_length"]
+__all__ = ["DraftObjective", "accepted_prefix_length", "vocab_positions"]
 
 
 def accepted_prefix_length(draft_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,6 +41,18 @@ def accepted_prefix_length(draft_ids: torch.Tensor, targets: torch.Tensor) -> to
     run of matches: the number of drafted tokens a greedy verifier would accept."""
     hits = (draft_ids == targets) & (targets >= 0)
     return hits.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+
+
+def vocab_positions(vocab_ids, vocab_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A training vocabulary's ids (int64 [N]) and the map token id -> its index in them (-1
+    outside): labels are scored over those ids only."""
+    vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=device)
+    if vocab_ids.dim() != 1 or vocab_ids.unique().numel() != vocab_ids.numel() or (
+            vocab_ids.numel() and not 0 <= int(vocab_ids.min()) <= int(vocab_ids.max()) < vocab_size):
+        raise ValueError(f"vocab_ids must be distinct token ids in [0, {vocab_size})")
+    position = torch.full((vocab_size,), -1, dtype=torch.int64, device=device)
+    position[vocab_ids] = torch.arange(vocab_ids.numel(), device=device)
+    return vocab_ids, position
 
 
 class DraftObjective(nn.Module):
@@ -97,12 +109,7 @@ class DraftObjective(nn.Module):
         if vocab_ids is None:
             self.vocab_ids = None
         else:
-            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=lm_head_weight.device)
-            if vocab_ids.dim() != 1 or vocab_ids.unique().numel() != vocab_ids.numel() or (
-                    vocab_ids.numel() and not 0 <= int(vocab_ids.min()) <= int(vocab_ids.max()) < cfg.vocab_size):
-                raise ValueError(f"vocab_ids must be distinct token ids in [0, {cfg.vocab_size})")
-            position = torch.full((cfg.vocab_size,), -1, dtype=torch.int64, device=vocab_ids.device)
-            position[vocab_ids] = torch.arange(vocab_ids.numel(), device=vocab_ids.device)
+            vocab_ids, position = vocab_positions(vocab_ids, cfg.vocab_size, lm_head_weight.device)
             self.register_buffer("vocab_ids", vocab_ids, persistent=False)
             self.register_buffer("vocab_position", position, persistent=False)
             lm_head_weight = lm_head_weight[vocab_ids]

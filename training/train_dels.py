@@ -53,6 +53,7 @@ from training.blocks import block_windows, build_blocks, sample_anchors
 from training.data import TokenizedDataset, collate
 from training.export import dels_checkpoint_info, export_dels, load_dflash, read_draft_vocab
 from training.features import OnlineFeatures, frozen_target_weights
+from training.objective import vocab_positions
 from training.pipeline import load_frozen_target, start_run
 from training.recipe import add_recipe_arguments, recipe_from_args
 from training.trainer import Trainer, seeds_for
@@ -151,7 +152,7 @@ class FusionObjective(nn.Module):
     pure_draft_prefix_len P: the head's serving layout (its DeLS config). Slot s < P is the
     drafter's alone: its alpha/beta stay 0 and get no gradient. Slot s >= P fuses the head's
     prediction after the block-local prefix `short_head_windows` gives it.
-    vocab_ids [N] (ascending target ids, a drafter's reduced vocabulary) or None: every term is
+    vocab_ids [N] (target ids, a drafter's reduced vocabulary) or None: every term is
     scored over those ids only, as the serving rule does, and labels outside them are not
     supervised (no draft can propose them)."""
 
@@ -179,12 +180,7 @@ class FusionObjective(nn.Module):
         if vocab_ids is None:
             self.vocab_ids = self.vocab_position = None
         else:
-            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=lm_head_weight.device)
-            if vocab_ids.dim() != 1 or vocab_ids.numel() == 0 or bool((vocab_ids[1:] <= vocab_ids[:-1]).any()) or not (
-                    0 <= int(vocab_ids[0]) and int(vocab_ids[-1]) < lm_head_weight.shape[0]):
-                raise ValueError(f"vocab_ids must be ascending distinct token ids in [0, {lm_head_weight.shape[0]})")
-            position = torch.full((lm_head_weight.shape[0],), -1, dtype=torch.int64, device=vocab_ids.device)
-            position[vocab_ids] = torch.arange(vocab_ids.numel(), device=vocab_ids.device)
+            vocab_ids, position = vocab_positions(vocab_ids, lm_head_weight.shape[0], lm_head_weight.device)
             self.register_buffer("vocab_ids", vocab_ids, persistent=False)
             self.register_buffer("vocab_position", position, persistent=False)
             lm_head_weight = lm_head_weight[vocab_ids]
