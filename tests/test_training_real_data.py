@@ -140,10 +140,13 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
     amx.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n")
     plain.write_text("model name\t: X\nflags\t\t: avx512f avx512_bf16\n")
     assert cpu_has_amx(str(amx)) and not cpu_has_amx(str(plain))
-    for amx, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(trainer, "cpu_has_amx", lambda amx=amx: amx)
+    for speedup, expected in ((4.3, "bf16"), (2.3, "bf16"), (0.8, "fp32")):
+        monkeypatch.setattr(trainer, "cpu_bf16_matmul_speedup", lambda speedup=speedup: speedup)
         assert trainer.auto_precision(torch.device("cpu")) == expected
     assert trainer.auto_precision(torch.device("cuda")) == "bf16"
+    from vllm_liliprop.host import cpu_bf16_matmul_speedup
+
+    assert 0.05 < cpu_bf16_matmul_speedup(size=128, repeats=1) < 100  # a real measurement runs
     from training import startup
 
     monkeypatch.setattr(startup, "auto_precision", lambda device: "fp32")

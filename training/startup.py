@@ -28,7 +28,7 @@ def start_run(recipe: dict[str, Any]) -> tuple[TrainConfig, DistEnv, torch.devic
 
 def target_dtype(name: str, device: torch.device) -> torch.dtype:
     """A recipe's target_dtype; "auto" is bfloat16 where bf16 runs fast (the trainer's
-    `auto_precision`: CUDA, a CPU with AMX), else float32 (the same weights, upcast)."""
+    `auto_precision`: CUDA, a CPU whose bf16 matmul is fast), else float32 (the same weights, upcast)."""
     if name == "auto":
         return torch.bfloat16 if auto_precision(device) == "bf16" else torch.float32
     return getattr(torch, name)

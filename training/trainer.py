@@ -38,7 +38,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.blocks import example_seed
-from vllm_liliprop.host import cpu_has_amx
+from vllm_liliprop.host import cpu_bf16_matmul_speedup
 
 __all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
 
@@ -151,14 +151,19 @@ def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: floa
     return factor
 
 
+# bf16 autocast also casts and keeps fp32 master weights: below this matmul speed ratio it does
+# not pay (an Intel host without AMX: 0.8x, and a SmolLM2 DFlash step took 6.1 s in bf16
+# autocast against 3.3 s in fp32).
+BF16_MIN_SPEEDUP = 1.3
+
+
 def auto_precision(device: torch.device) -> str:
-    """What precision "auto" trains in: bf16 autocast where the hardware runs it fast (CUDA, a
-    CPU with AMX: 930 GFLOPS bf16 against 214 fp32 on this project's AMX hosts), else fp32
-    (without AMX bf16 matmul is slower than fp32 here: 132 vs 162 GFLOPS, and a SmolLM2 DFlash
-    step took 6.1 s in bf16 autocast against 3.3 s in fp32)."""
+    """What precision "auto" trains in: bf16 autocast where the hardware runs it fast (CUDA; a
+    CPU whose bf16 matmul is at least BF16_MIN_SPEEDUP times fp32, measured: 4.3x with AMX,
+    2.3x on an AMD EPYC with AVX512-BF16), else fp32."""
     if device.type == "cuda":
         return "bf16"
-    return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_bf16_matmul_speedup() >= BF16_MIN_SPEEDUP else "fp32"
 
 
 def _epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
