@@ -39,7 +39,9 @@ def _machine_line(record: str) -> str:
     """'<cpu>, <n> cores, <isa>' from the machine column (eval/machine.py)."""
     machine = json.loads(record)
     isa = "AMX" if "amx_bf16" in machine["isa"] else "no AMX (" + ", ".join(machine["isa"]) + ")"
-    return ", ".join(x for x in (machine["cpu"], f"{machine['cores']} cores", isa, machine.get("gpu")) if x)
+    # Rows written before the measured ratio was recorded lack it.
+    speed = f"bf16 {machine['bf16_speedup']:g}x fp32" if machine.get("bf16_speedup") else ""
+    return ", ".join(x for x in (machine["cpu"], f"{machine['cores']} cores", isa, speed, machine.get("gpu")) if x)
 
 
 def _dtype_note(results) -> str:

@@ -206,7 +206,8 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
         if baseline in recipe["recipes"]:
             stage(baseline, draft(baseline, baseline, {"drafter.init_from": str(drafts / "dflash")}))
 
-    for kind in ("gru", "markov"):
+    # A build may leave stages out of its "recipes" (an ablation-only build: dflash and lilicorr).
+    for kind in [kind for kind in ("gru", "markov") if f"dels_{kind}" in recipe["recipes"]]:
         def dels(kind=kind):
             dels_recipe = _draft_recipe(recipe["recipes"][f"dels_{kind}"],
                                         {**paths, "train.output_dir": str(out / "runs" / f"dels_{kind}")})
