@@ -80,7 +80,12 @@ def system_tau(df: pd.DataFrame, system) -> float:
     if isinstance(system, str) and len(weights[keep].drop_duplicates()) > 1:
         raise ValueError(f"system {name!r} was run over a DeLS grid; name one cell as "
                          '{"system": ..., "dels_alpha": A, "dels_beta": B}')
-    return pooled_value(rows, "tau", None)
+    tau = pooled_value(rows, "tau", None)
+    if math.isnan(tau) and len(rows) == 1:
+        # One measurement without acceptance counters (a build's held-out tau,
+        # training/build_stages/heldout_table.py): its tau is the pooled value.
+        return float(rows["tau"].iloc[0])
+    return tau
 
 
 def direction(change: float, tolerance: float = TOLERANCE) -> str:

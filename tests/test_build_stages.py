@@ -5,6 +5,7 @@ in-memory inputs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from training.build_stages.drafts import draft_stage, run_tail, tail_means
 from training.build_stages.measure import measure_stage
 from training.build_stages.tokenization import tokenize_stage
 from training.data import TokenizedDataset
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _train(output_dir, lrs):
@@ -180,3 +183,49 @@ def test_realbed_seeds_its_data_from_a_snapshot(tmp_path, monkeypatch):
     record_realbed_stages(realbed, tmp_path, monkeypatch)
     realbed.build(recipe, tmp_path / "out", log=lambda _: None, data_snapshot=tmp_path / "snap")
     assert all((tmp_path / "out" / "data" / name).read_text() == '{"id": "x"}\n' for name in SNAPSHOT_FILES)
+
+
+def test_an_ablation_only_build_leaves_out_the_stages_its_recipes_omit(tmp_path, monkeypatch):
+    import training.realbed as realbed
+    from training.recipe import apply_overrides, load_recipe
+
+    recipe = apply_overrides(load_recipe("smollm2/build"), [
+        'recipes={"dflash": "smollm2/dflash", "lilicorr": "smollm2/lilicorr"}', 'ablations={"k4": {}}'])
+    calls = record_realbed_stages(realbed, tmp_path, monkeypatch)
+    realbed.build(recipe, tmp_path / "out", log=lambda _: None)
+    assert list(calls)[7:] == ["dflash", "lilicorr", "measure", "ablation_k4"]
+
+
+def test_a_builds_heldout_taus_become_results_rows_the_ablation_table_reads(tmp_path):
+    """training/build_stages/heldout_table.py on the shipped build's manifest plus one ablation
+    stage: every tau lands under its served system's name, and plots' ablation table compares them."""
+    from plots.ablations import ablation_table, load_ablation_spec
+    from plots.io import load_results
+    from plots.tables import render_markdown
+    from training.build_stages.heldout_table import heldout_tau_table, write_heldout_tau_table
+
+    manifest = json.loads((REPO / "testbed" / "smollm2" / "manifest.json").read_text())
+    measured = manifest["stages"]["measure"]["heldout_tau"]
+    manifest["stages"]["ablation_margin"] = {"overrides": {"loss.margin_blend": 0.5},
+                                             "heldout_tau": {"lilicorr_argmax": 1.5, "lilicorr_greedy_walk": 1.53}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    out = write_heldout_tau_table(tmp_path / "manifest.json", tmp_path / "heldout_tau.csv")
+    rows = load_results(out)
+    tau = dict(zip(rows["system"], rows["tau"]))
+    assert tau["DFlash"] == measured["dflash"] and tau["LiLiCorr-greedy"] == measured["lilicorr_greedy_walk"]
+    assert tau["DSpark"] == manifest["stages"]["measure_baselines"]["heldout_tau"]["dspark"]
+    assert tau["LiLiCorr-greedy [margin]"] == 1.53
+    margin = rows[rows["system"] == "LiLiCorr-greedy [margin]"].iloc[0]
+    assert json.loads(margin["overrides"]) == {"loss.margin_blend": 0.5} and margin["build_stage"] == "ablation_margin"
+    table = render_markdown(ablation_table(rows, load_ablation_spec(REPO / "testbed" / "smollm2" / "trained_ablations.json")))
+    change = 100 * (1.53 / measured["lilicorr_greedy_walk"] - 1)
+    assert f"| {measured['lilicorr_greedy_walk']:.3f} | 1.530 | {change:+.2f}% |" in table
+    assert "not measured (no rows in the results): LiLiCorr-greedy [eq6_blocks]" in table
+    # A build before its measure stage has no rows, and no file is written.
+    manifest["stages"] = {"target": {}}
+    assert heldout_tau_table(manifest).empty
+    (tmp_path / "m2.json").write_text(json.dumps(manifest))
+    assert write_heldout_tau_table(tmp_path / "m2.json", tmp_path / "none.csv") is None
+    manifest["stages"] = {"measure": {"heldout_tau": {"mystery": 1.2}}}
+    with pytest.raises(ValueError, match="'mystery' has no system name"):
+        heldout_tau_table(manifest)

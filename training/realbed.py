@@ -31,7 +31,8 @@ stages, and an interrupted one resumes from its partial output):
                the lilicorr stage with those loss settings, and its held-out tau (not shipped).
 The regenerate, tokenize, draft, DeLS and measure stages are the shared functions of
 training/build_stages/ (training.testbed runs them for the offline tiny target).
-OUT/manifest.json gathers the fragments, the recipes, seeds, versions and the target's sha256.
+OUT/manifest.json gathers the fragments, the recipes, seeds, versions and the target's sha256;
+OUT/heldout_tau.csv lists its held-out taus as results rows (training/build_stages/heldout_table.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 
 from training.build_stages.dels import dels_stage
+from training.build_stages.heldout_table import write_heldout_tau_table
 from training.build_stages.drafts import draft_stage, run_tail
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
@@ -63,6 +65,10 @@ from training.magpie import generate_prompts
 from training.recipe import apply_overrides, load_recipe
 from training.stages import finished_stages, run_stage
 from training.train_dels import run_fusion_training
+
+
+# Every held-out tau of the manifest as results rows (plots' ablation table reads it).
+HELDOUT_TABLE = "heldout_tau.csv"
 
 
 def _hash_order(record_id: str, seed: int) -> str:
@@ -283,7 +289,8 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
     manifest = {"command": command, "recipe": recipe, "seed": seed, "stages": finished_stages(out),
                 "target_weights_sha256": stages["target"]["weights_sha256"], "versions": versions()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    log(f"[realbed] wrote {out / 'manifest.json'}")
+    write_heldout_tau_table(out / "manifest.json", out / HELDOUT_TABLE)
+    log(f"[realbed] wrote {out / 'manifest.json'} and {out / HELDOUT_TABLE}")
     return manifest
 
 
@@ -305,6 +312,7 @@ def ship(out: str | Path, dest: str | Path, log=print) -> Path:
         shutil.copytree(out / "drafts" / name, target)
     text = manifest_file.read_text().replace(str(out) + "/", "").replace(str(Path.cwd().resolve()) + "/", "")
     (dest / "manifest.json").write_text(text)
+    write_heldout_tau_table(dest / "manifest.json", dest / HELDOUT_TABLE)
     log(f"[realbed] shipped {', '.join(SHIPPED)} and the manifest to {dest}")
     return dest
 
