@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import platform
+import time
+
+import torch
 
 __all__ = ["cpu_model_and_flags", "cpu_has_amx", "cpu_bf16_matmul_speedup"]
 
@@ -40,10 +43,6 @@ def cpu_has_amx(path: str = "/proc/cpuinfo") -> bool:
 def cpu_bf16_matmul_speedup(size: int = 768, repeats: int = 4) -> float:
     """How many times faster a bf16 matmul runs than fp32 on this CPU at the current thread count
     (best of `repeats` for each, after a warm-up: the machines are shared and noisy)."""
-    import time
-
-    import torch
-
     def best_seconds(dtype):
         a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
         a @ b
