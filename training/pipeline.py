@@ -5,7 +5,7 @@ Recipe fields (defaults in brackets):
   method          "dflash" | "lilicorr" | "dspark" | "domino"
   target          target model (HF id or local dir); its tokenizer and chat template are used
   target_dtype    ["bfloat16"] dtype the frozen target runs in ("auto": bfloat16 where bf16 is
-                  fast, CUDA or a CPU with AMX, else float32)
+                  fast: CUDA, or a CPU whose bf16 matmul is measured 1.3x fp32; else float32)
   data            tokenized dataset .jsonl (`python -m training.data`)
   features        {"mode": "online"} [default] or {"mode": "cached", "dir": ...}
   device          ["auto"]: cuda:<local_rank> when available, else cpu

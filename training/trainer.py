@@ -75,7 +75,7 @@ class TrainConfig:
     max_steps: int | None = None
     batch_size: int = 1  # sequences per rank per micro-batch
     grad_accum: int = 1
-    precision: str = "auto"  # "auto" (bf16 on CUDA and on CPUs with AMX, else fp32), "bf16", "fp32"
+    precision: str = "auto"  # "auto" (bf16 where measured fast: auto_precision), "bf16", "fp32"
     seed: int = 0
     save_every: int = 1000
     keep_checkpoints: int = 2
