@@ -117,3 +117,21 @@ def test_cli_prints_the_table_and_bad_specs_fail_clearly(tmp_path, capsys):
                                                 "paper": "up"}]}))
     with pytest.raises(ValueError, match="paper = 'up'"):
         load_ablation_spec(bad)
+
+
+def test_the_trained_ablation_table_reads_the_committed_build_back():
+    """testbed/smollm2/ablation_build/heldout_tau.csv is the ablation build's own table (its
+    manifest beside it): every comparison of the trained spec is measured, and each tau is the
+    manifest's stage record."""
+    build = REPO / "testbed" / "smollm2" / "ablation_build"
+    stages = json.loads((build / "manifest.json").read_text())["stages"]
+    spec = load_ablation_spec(REPO / "testbed" / "smollm2" / "trained_ablations.json")
+    rows = _md_rows(render_markdown(ablation_table(load_results(build / "heldout_tau.csv"), spec)))
+    assert len(rows) == len(spec["comparisons"]) and all(row[5] != "not measured" for row in rows)
+    walk = stages["measure"]["heldout_tau"]["lilicorr_greedy_walk"]
+    for entry, row in zip(spec["comparisons"], rows):
+        if entry["variant"].startswith("LiLiCorr-greedy ["):
+            name = entry["variant"].removeprefix("LiLiCorr-greedy [").removesuffix("]")
+            variant = stages[f"ablation_{name}"]["heldout_tau"]["lilicorr_greedy_walk"]
+            assert (float(row[3]), float(row[4])) == (round(walk, 3), round(variant, 3))
+            assert row[5] == f"{100 * (variant / walk - 1):+.2f}%"

@@ -51,8 +51,8 @@ from typing import Any
 import torch
 
 from training.build_stages.dels import dels_stage
-from training.build_stages.heldout_table import write_heldout_tau_table
 from training.build_stages.drafts import draft_stage, run_tail
+from training.build_stages.heldout_table import write_heldout_tau_table
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import drafter_acceptance, measure_baselines_stage, measure_stage
 from training.build_stages.regenerate import regenerate_stage

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-__all__ = ["cpu_model_and_flags", "cpu_has_amx", "cpu_bf16_matmul_speedup"]
+__all__ = ["cpu_model_and_flags", "cpu_bf16_matmul_speedup"]
 
 
 def cpu_model_and_flags(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
@@ -34,15 +34,11 @@ def cpu_model_and_flags(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
     return model or platform.processor() or platform.machine(), flags
 
 
-@functools.cache  # the trainer asks on every step; the CPU does not change under a process
-def cpu_has_amx(path: str = "/proc/cpuinfo") -> bool:
-    return "amx_bf16" in cpu_model_and_flags(path)[1]
-
-
 @functools.cache  # about 0.1 s, once per process
 def cpu_bf16_matmul_speedup(size: int = 768, repeats: int = 4) -> float:
     """How many times faster a bf16 matmul runs than fp32 on this CPU at the current thread count
     (best of `repeats` for each, after a warm-up: the machines are shared and noisy)."""
+
     def best_seconds(dtype):
         a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
         a @ b
