@@ -269,7 +269,7 @@ def test_realbed_fusion_stage_fits_the_markov_head_over_the_final_drafter(tmp_pa
     # ship() copies drafts/dflash whole, the learned folder with it.
     for name in realbed.SHIPPED:
         (out / "drafts" / name).mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").write_text("{}")
+    (out / "manifest.json").write_text(json.dumps({"stages": {}, "recipe": {}}))  # no stage measured yet
     realbed.ship(out, tmp_path / "shipped", log=lambda _: None)
     shipped = tmp_path / "shipped" / "drafts" / "dflash" / "dels_markov_learned"
     assert (shipped / "model.safetensors").read_bytes() == b"head"
