@@ -244,3 +244,25 @@ def test_export_vocab_train_writes_upstream_reduced_vocabulary(tmp_path):
                            target_model=target, dataset=dataset, progress=False)
     with pytest.raises(ValueError, match="strictly increasing"):
         draft_vocab_tensors(torch.tensor([3, 1, 2]), lm_head)
+
+
+def test_a_loaded_drafter_takes_the_recipes_block_size_and_refuses_other_changes(tmp_path):
+    """Block 8 -> 16 continues a drafter (its weights do not depend on the block); a recipe
+    field that would change the weights' shapes is an error, not silently ignored."""
+    target = tiny_target()
+    recipe = tiny_recipe("dflash", tmp_path / "d", max_steps=0)
+    exported = run_draft_training(recipe, target_model=target, dataset=patterned_dataset(), progress=False)
+    source = exported["export_dir"]
+
+    wider = build_drafter({**recipe["drafter"], "block_size": 8, "init_from": str(source)}, target.config)
+    assert wider.config.block_size == 8
+    original = load_dflash(source)
+    assert original.config.block_size == 4
+    for name, value in original.state_dict().items():
+        torch.testing.assert_close(wider.state_dict()[name], value)
+    assert build_lattice(tiny_recipe("lilicorr", "unused")["lattice"], wider.config).config.block_size == 8
+
+    with pytest.raises(ValueError, match=r"drafter\.num_hidden_layers = 2.*remove drafter\.num_hidden_layers"):
+        build_drafter({**recipe["drafter"], "num_hidden_layers": 2, "init_from": str(source)}, target.config)
+    with pytest.raises(ValueError, match=r"drafter\.target_layer_ids"):
+        build_drafter({"target_layer_ids": [0, 1], "init_from": str(source)}, target.config)

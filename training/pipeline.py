@@ -11,7 +11,8 @@ Recipe fields (defaults in brackets):
   device          ["auto"]: cuda:<local_rank> when available, else cpu
   drafter         {"num_hidden_layers": 5, "block_size": 16, "mask_token_id": int,
                    "target_layer_ids": null (evenly spaced), "intermediate_size": null,
-                   "init_from": null (a DFlash/LiLiCorr dir to start from)}
+                   "init_from": null (a DFlash/LiLiCorr dir to start from; the other fields
+                   must then match it, except block_size, which it takes over)}
   lattice         (lilicorr) {"candidate_topk": 8, "hidden_size": 1024, "num_layers": 2,
                    "num_heads": 8, "mlp_ratio": 2.0, "factor_dim": 1024, "vector_eps": 1e-6,
                    "logit_scale": 8.0, "init_from": null}
@@ -37,7 +38,7 @@ Qwen3DSparkModel, or a DFlash directory with a domino/ head).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,31 @@ DEFAULT_LATTICE = {
 }
 
 
+# Recipe fields a loaded drafter takes over: its weights do not depend on them (a block is
+# positions under RoPE plus the mask token), so a block-8 drafter can be trained on at 16.
+LOADED_DRAFTER_OVERRIDES = ("block_size",)
+
+
+def _loaded_drafter(init_from: str | Path, spec: dict[str, Any]) -> DFlashDrafter:
+    """The drafter in `init_from`, with the recipe's block size; every other recipe field must
+    agree with the checkpoint, so that no setting is silently ignored."""
+    drafter = load_dflash(init_from)
+    for key, value in spec.items():
+        current = getattr(drafter.config, key, None)
+        if key in LOADED_DRAFTER_OVERRIDES:
+            drafter.config = replace(drafter.config, **{key: value})
+        elif value is not None and value != current:
+            raise ValueError(f"recipe drafter.{key} = {value!r}, but drafter.init_from {init_from} has "
+                             f"{current!r}: a loaded drafter keeps its weights' shapes; remove drafter.{key} "
+                             f"(only {', '.join(LOADED_DRAFTER_OVERRIDES)} may differ) or drop drafter.init_from")
+    return drafter
+
+
 def build_drafter(spec: dict[str, Any], target_config) -> DFlashDrafter:
     spec = dict(spec)
     init_from = spec.pop("init_from", None)
     if init_from:
-        return load_dflash(init_from)
+        return _loaded_drafter(init_from, spec)
     if "mask_token_id" not in spec:
         raise ValueError("recipe drafter.mask_token_id is required (a token id the target never emits)")
     known = {"num_hidden_layers", "block_size", "mask_token_id", "target_layer_ids", "intermediate_size"}
