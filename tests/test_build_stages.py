@@ -123,7 +123,7 @@ def test_realbed_runs_the_same_stages_in_order(tmp_path, monkeypatch):
     assert names == ["target", "benchmarks", "prompts", "decontaminate", "split", "regenerate", "tokenize",
                      "dflash", "dflash_round2", "lilicorr", "dspark", "domino", "dels_gru", "dels_markov",
                      "dels_fusion_markov", "measure", "measure_baselines", "ablation_no_distractor", "ablation_margin",
-                     "ablation_eq6_blocks", "ablation_k4", "ablation_k16"]
+                     "ablation_eq6_blocks", "ablation_k4", "ablation_k16", "ablation_block16"]
     assert manifest["target_weights_sha256"] == "0" * 64 and set(manifest["versions"]) >= {"torch", "vllm"}
 
 
