@@ -137,14 +137,15 @@ def test_the_trained_ablation_table_reads_the_committed_build_back():
             assert row[5] == f"{100 * (variant / walk - 1):+.2f}%"
 
 
-def test_the_block16_table_reads_its_committed_build_back():
-    """testbed/smollm2/block16_build: block 8 and block 16 LiLiCorr from one build (issue 18);
-    every comparison is measured and the block-16 stage trained at 16 with the paper's decay."""
-    build = REPO / "testbed" / "smollm2" / "block16_build"
+def test_the_second_ablation_table_reads_its_committed_build_back():
+    """testbed/smollm2/ablation_build2: block 8 and block 16 LiLiCorr and a faster head from one
+    build (issue 18); every comparison is measured and the block-16 stage trained at 16 with the
+    paper's decay."""
+    build = REPO / "testbed" / "smollm2" / "ablation_build2"
     manifest = json.loads((build / "manifest.json").read_text())
     stages = manifest["stages"]
     assert stages["ablation_block16"]["overrides"] == {"drafter.block_size": 16, "loss.dflash_decay": 7.0}
-    spec = load_ablation_spec(REPO / "testbed" / "smollm2" / "trained_ablations_block16.json")
+    spec = load_ablation_spec(REPO / "testbed" / "smollm2" / "trained_ablations2.json")
     rows = _md_rows(render_markdown(ablation_table(load_results(build / "heldout_tau.csv"), spec)))
     assert len(rows) == len(spec["comparisons"]) and all(row[5] != "not measured" for row in rows)
     block8 = stages["measure"]["heldout_tau"]["lilicorr_greedy_walk"]
