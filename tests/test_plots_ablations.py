@@ -138,8 +138,8 @@ def test_the_trained_ablation_table_reads_the_committed_build_back():
 
 
 def test_the_second_ablation_table_reads_its_committed_build_back():
-    """testbed/smollm2/ablation_build2: block 8 and block 16 LiLiCorr and a faster head from one
-    build (issue 18); every comparison is measured and the block-16 stage trained at 16 with the
+    """testbed/smollm2/ablation_build2: block 8 and block 16 LiLiCorr, a faster head and a
+    frozen drafter from one build (issue 18); every comparison is measured and the block-16 stage trained at 16 with the
     paper's decay."""
     build = REPO / "testbed" / "smollm2" / "ablation_build2"
     manifest = json.loads((build / "manifest.json").read_text())

@@ -266,3 +266,5 @@ def test_a_loaded_drafter_takes_the_recipes_block_size_and_refuses_other_changes
         build_drafter({**recipe["drafter"], "num_hidden_layers": 2, "init_from": str(source)}, target.config)
     with pytest.raises(ValueError, match=r"drafter\.target_layer_ids"):
         build_drafter({"target_layer_ids": [0, 1], "init_from": str(source)}, target.config)
+    with pytest.raises(ValueError, match=r"unknown recipe drafter fields \['blocksize'\]"):
+        build_drafter({"blocksize": 8, "init_from": str(source)}, target.config)

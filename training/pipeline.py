@@ -82,7 +82,7 @@ def _loaded_drafter(init_from: str | Path, spec: dict[str, Any]) -> DFlashDrafte
     agree with the checkpoint, so that no setting is silently ignored."""
     drafter = load_dflash(init_from)
     for key, value in spec.items():
-        current = getattr(drafter.config, key, None)
+        current = getattr(drafter.config, key)
         if key in LOADED_DRAFTER_OVERRIDES:
             drafter.config = replace(drafter.config, **{key: value})
         elif value is not None and value != current:
@@ -92,17 +92,19 @@ def _loaded_drafter(init_from: str | Path, spec: dict[str, Any]) -> DFlashDrafte
     return drafter
 
 
+DRAFTER_FIELDS = {"num_hidden_layers", "block_size", "mask_token_id", "target_layer_ids", "intermediate_size"}
+
+
 def build_drafter(spec: dict[str, Any], target_config) -> DFlashDrafter:
     spec = dict(spec)
     init_from = spec.pop("init_from", None)
+    unknown = set(spec) - DRAFTER_FIELDS
+    if unknown:
+        raise ValueError(f"unknown recipe drafter fields {sorted(unknown)}; known: {sorted(DRAFTER_FIELDS | {'init_from'})}")
     if init_from:
         return _loaded_drafter(init_from, spec)
     if "mask_token_id" not in spec:
         raise ValueError("recipe drafter.mask_token_id is required (a token id the target never emits)")
-    known = {"num_hidden_layers", "block_size", "mask_token_id", "target_layer_ids", "intermediate_size"}
-    unknown = set(spec) - known
-    if unknown:
-        raise ValueError(f"unknown recipe drafter fields {sorted(unknown)}; known: {sorted(known)}")
     return DFlashDrafter(DrafterConfig.from_target(target_config, **spec))
 
 
