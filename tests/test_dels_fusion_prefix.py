@@ -273,6 +273,15 @@ def test_realbed_fusion_stage_fits_the_markov_head_over_the_final_drafter(tmp_pa
     realbed.ship(out, tmp_path / "shipped", log=lambda _: None)
     shipped = tmp_path / "shipped" / "drafts" / "dflash" / "dels_markov_learned"
     assert (shipped / "model.safetensors").read_bytes() == b"head"
+    assert not (shipped / "model.safetensors").is_symlink()  # no other file holds these bytes
+
+    # The learned folder's weights are the Markov head's, unchanged: shipped as a relative link.
+    (out / "drafts" / "dflash" / "dels_markov").mkdir(exist_ok=True)
+    (out / "drafts" / "dflash" / "dels_markov" / "model.safetensors").write_bytes(b"head")
+    realbed.ship(out, tmp_path / "shipped", log=lambda _: None)
+    link = shipped / "model.safetensors"
+    assert link.is_symlink() and str(link.readlink()) == "../dels_markov/model.safetensors"
+    assert link.read_bytes() == b"head" and (shipped / "config.json").is_file()
 
     # Without the recipe entry there is no such stage.
     del build["recipes"]["dels_fusion_markov"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -299,6 +300,26 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
 SHIPPED = ("dflash", "lilicorr", "dspark", "domino")
 
 
+def link_identical_weights(root: Path) -> list[Path]:
+    """Replace every weight file under `root` whose bytes equal an earlier one's (in path order)
+    with a relative symlink to it, and return the replaced paths. DeLS's learned alpha/beta
+    folder carries the Markov head's weights unchanged: git would store them once, but a
+    submission's diff and every clone's work tree would hold them twice."""
+    first: dict[str, Path] = {}
+    linked = []
+    for path in sorted(root.rglob("*.safetensors")):
+        if path.is_symlink():
+            continue
+        digest = file_sha256(path)
+        if digest not in first:
+            first[digest] = path
+            continue
+        path.unlink()
+        path.symlink_to(os.path.relpath(first[digest], path.parent))
+        linked.append(path)
+    return linked
+
+
 def ship(out: str | Path, dest: str | Path, log=print) -> Path:
     """Copy the finished drafts into `dest`/drafts and write `dest`/manifest.json: the build's
     manifest with this machine's paths replaced by names relative to the build folder."""
@@ -310,6 +331,8 @@ def ship(out: str | Path, dest: str | Path, log=print) -> Path:
         target = dest / "drafts" / name
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(out / "drafts" / name, target)
+    for path in link_identical_weights(dest / "drafts"):
+        log(f"[realbed] {path.relative_to(dest)} -> {path.readlink()} (same bytes)")
     text = manifest_file.read_text().replace(str(out) + "/", "").replace(str(Path.cwd().resolve()) + "/", "")
     (dest / "manifest.json").write_text(text)
     write_heldout_tau_table(dest / "manifest.json", dest / HELDOUT_TABLE)
