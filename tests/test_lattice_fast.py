@@ -305,3 +305,26 @@ def test_a_packed_gemm_that_differs_from_the_reference_is_not_used():
             same(ours[1], ref[1])
     assert layout.feature_down.verified == {2 * 3 * config.candidate_topk: False}
     assert all(layout.pass_hidden_proj.verified.values())
+
+
+def test_the_floor_bench_prices_the_heads_counted_work_at_the_given_rates():
+    """tools.lattice_cpu_bench --floor: the head's FLOPs (counted on the reference path) at the
+    GEMM rate plus its weight bytes at the streaming rate. The work grows with the batch, the
+    weights do not, and the attention-free linear layers alone bound the count from below."""
+    from tools.lattice_cpu_bench import head_floor
+
+    config = CONFIGS["tiny"]
+    head = _head(config, torch.float32)
+    rates = (2e9, 4e9)
+    with torch.inference_mode():
+        one, two = (head_floor(head, _head_inputs(config, bsz, 3, torch.float32), rates) for bsz in (1, 2))
+    assert two["gflop"] == pytest.approx(2 * one["gflop"], rel=0.05)
+    weight_bytes = sum(p.numel() * p.element_size() for p in head.parameters())
+    assert one["weights_mib"] == two["weights_mib"] == weight_bytes / 2**20
+    assert one["read_ms"] == pytest.approx(weight_bytes / 4e9 * 1e3)
+    assert one["compute_ms"] == pytest.approx(one["gflop"] * 1e9 / 2e9 * 1e3)
+    # Every candidate node (3 slots x K) passes the feature MLP at least once.
+    nodes = 3 * config.candidate_topk
+    mlp = head.feature_mlp
+    mlp_flops = 2 * nodes * sum(m.weight.numel() for m in mlp.modules() if isinstance(m, torch.nn.Linear))
+    assert one["gflop"] * 1e9 >= mlp_flops > 0

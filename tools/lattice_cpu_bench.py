@@ -1,6 +1,6 @@
 """The LiLiCorr rule's CPU cost at the served size, reference path vs serving path, side by side.
 
-Builds the lattice head from the shipped LiLiCorr weights (testbed/smollm2/drafts/lilicorr,
+Builds the lattice head from the shipped LiLiCorr weights (testbed/smollm2/round2/drafts/lilicorr,
 tensors `lilicorr.*`) in bf16 as the proposer does, and a rule twice: `LatticeRule(...,
 reference=True)` (the path as first written) and the served `LatticeRule`. Each repeat times
 both, interleaved, on the same inputs (drafter hidden states, anchor, full-vocabulary bf16
@@ -13,6 +13,9 @@ and of its parts, and the ratio.
 
 Timings on a shared machine are noisy: only the side-by-side ratios are meant to be read.
 `--compile` also times `torch.compile` of the reference head's score (compile time stated).
+`--floor` sets the served head against the least time its work can take here: its FLOPs at the
+bf16 GEMM rate these threads reach on a large square product, plus its weight bytes at the
+streaming rate (the sum of the two is the floor; weights come out of cache in a decode step).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
 
 from vllm_liliprop.heads.candidates import topk_candidates, topk_candidates_reference
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
@@ -32,7 +36,7 @@ from vllm_liliprop.kernels import greedy_walk
 from vllm_liliprop.rules.base import DraftInputs
 from vllm_liliprop.rules.lattice import LatticeRule, walk_faults, walk_faults_reference
 
-DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "drafts" / "lilicorr"
+DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "round2" / "drafts" / "lilicorr"
 
 
 def load_head(draft: Path = DRAFT, dtype: torch.dtype = torch.bfloat16) -> LatticeHead:
@@ -73,6 +77,15 @@ def make_inputs(head: LatticeHead, batch: int, slots: int, vocab: int, seed: int
     )
 
 
+def head_args(head: LatticeHead, inputs: DraftInputs) -> tuple:
+    """The lattice head's score() arguments for one step: the top-K candidates of every slot."""
+    batch, slots, _ = inputs.hidden.shape
+    k = head.config.candidate_topk
+    ids, log_probs = topk_candidates(inputs.long_logits().view(batch * slots, -1), k)
+    ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
+    return inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
+
+
 def _time(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -101,9 +114,7 @@ def bench_batch(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: 
         a, b = ref_rule.propose(inputs), new_rule.propose(inputs)
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.faulty_rows, b.faulty_rows)
         logits = inputs.long_logits().view(batch * slots, -1)
-        ids, log_probs = topk_candidates(logits, k)
-        ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
-        args = (inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid)
+        args = head_args(head, inputs)
         start, pairs = head.score(*args)
         cases = {
             "rule.propose (all)": (lambda: ref_rule.propose(inputs), lambda: new_rule.propose(inputs)),
@@ -124,11 +135,8 @@ def bench_batch(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: 
 def bench_compile(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: int) -> None:
     inputs = make_inputs(head, batch, slots, vocab)
     new_rule = LatticeRule(head, vocab)
-    k = head.config.candidate_topk
     with torch.inference_mode():
-        ids, log_probs = topk_candidates(inputs.long_logits().view(batch * slots, -1), k)
-        ids, log_probs = ids.view(batch, slots, k), log_probs.view(batch, slots, k)
-        args = (inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid)
+        args = head_args(head, inputs)
         compiled = torch.compile(head.score, dynamic=False)
         t0 = time.perf_counter()
         got = compiled(*args)
@@ -146,6 +154,55 @@ def bench_compile(head: LatticeHead, batch: int, slots: int, vocab: int, repeats
         print(f"  {name:<24} {a:>8.3f} {b:>8.3f} ms  ratio {a / b:.2f}x")
 
 
+def _best_ms(fn, repeats: int) -> float:
+    fn()  # warm: first-touch pages, oneDNN primitive caches
+    return min(_time(fn) for _ in range(repeats))
+
+
+def machine_rates(gemm_size: int = 2048, stream_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
+    """(bf16 GEMM FLOP/s, weight-streaming bytes/s) this process reaches at its thread count: the
+    best of `repeats` square bf16 products, and of a sum over a tensor far larger than the caches."""
+    n = gemm_size
+    a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
+    gemm_ms = _best_ms(lambda: a @ b, repeats)
+    big = torch.ones(stream_mib * 2**19, dtype=torch.bfloat16)  # stream_mib MiB of bf16
+    stream_ms = _best_ms(lambda: big.sum(), repeats)
+    return 2 * n**3 / (gemm_ms / 1e3), big.numel() * big.element_size() / (stream_ms / 1e3)
+
+
+def head_floor(head: LatticeHead, args: tuple, rates: tuple[float, float]) -> dict[str, float]:
+    """The head's work per call and the least time it can take on this machine: its FLOPs (counted
+    on the reference path, which the serving path matches op for op) at the GEMM rate, and its
+    weight bytes at the streaming rate (a decode step finds them out of cache)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        head.score(*args)
+    flops = counter.get_total_flops()
+    weight_bytes = sum(p.numel() * p.element_size() for p in head.parameters())
+    gemm_rate, stream_rate = rates
+    return {"gflop": flops / 1e9, "weights_mib": weight_bytes / 2**20,
+            "compute_ms": flops / gemm_rate * 1e3, "read_ms": weight_bytes / stream_rate * 1e3}
+
+
+def print_floor(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: int) -> dict[str, float]:
+    inputs = make_inputs(head, batch, slots, vocab)
+    scorer = LatticeRule(head, vocab).scorer
+    with torch.inference_mode():
+        args = head_args(head, inputs)
+        rates = machine_rates()
+        floor = head_floor(head, args, rates)
+        scorer.score(*args)  # the first call checks its packed GEMMs against the reference: untimed
+        served_ms = statistics.median(_time(lambda: scorer.score(*args)) for _ in range(repeats))
+    floor["served_ms"] = served_ms
+    floor["served_over_floor"] = served_ms / (floor["compute_ms"] + floor["read_ms"])
+    print(f"floor, batch {batch} x {slots} slots, threads = {torch.get_num_threads()}: "
+          f"bf16 GEMM {rates[0] / 1e9:.0f} GFLOP/s, streaming {rates[1] / 1e9:.1f} GB/s")
+    print(f"  head {floor['gflop']:.3f} GFLOP, {floor['weights_mib']:.1f} MiB of weights: compute floor "
+          f"{floor['compute_ms']:.3f} ms + weight-read floor {floor['read_ms']:.3f} ms; served head "
+          f"{served_ms:.3f} ms (warm, median) = {floor['served_over_floor']:.2f}x the sum of the floors")
+    return floor
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -154,6 +211,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the head")
+    parser.add_argument("--floor", action="store_true",
+                        help="also set the served head against its compute and weight-read floors")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,6 +221,9 @@ def main(argv=None) -> None:
         bench_batch(head, batch, args.slots, args.vocab, args.repeats)
     if args.compile:
         bench_compile(head, args.batch[0], args.slots, args.vocab, args.repeats)
+    if args.floor:
+        for batch in args.batch:
+            print_floor(head, batch, args.slots, args.vocab, args.repeats)
 
 
 if __name__ == "__main__":
