@@ -13,7 +13,7 @@ target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
 run() {
     .venv/bin/python -m eval run \
-        --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/drafts" \
+        --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round2/drafts" \
         --benchmarks pypi --data-dir "${LILIPROP_CACHE:-.cache}/benchmarks" --only "$systems" \
         --temperatures 0 --concurrency 1 --limit 1 --max-tokens 64 "$@"
 }

@@ -10,7 +10,7 @@ counted no fault. The wall times of the two engines are printed side by side (a 
 in one run), with the preemptions vLLM counted. The result is one tidy row per engine (CSV).
 
     python -m eval.load --target .cache/targets/smollm2-135m-instruct \
-        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/drafts \
+        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round2/drafts \
         --system-name LiLiCorr-greedy --benchmarks pypi --data-dir .cache/benchmarks \
         --out results/load.csv
 """
