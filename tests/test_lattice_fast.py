@@ -310,7 +310,7 @@ def test_a_packed_gemm_that_differs_from_the_reference_is_not_used():
 def test_the_floor_bench_prices_the_heads_counted_work_at_the_given_rates():
     """tools.lattice_cpu_bench --floor: the head's FLOPs (counted on the reference path) at the
     GEMM rate plus its weight bytes at the streaming rate. The work grows with the batch, the
-    weights do not, and the attention-free linear layers alone bound the count from below."""
+    weights do not, and the feature MLP's work on every candidate bounds the count from below."""
     from tools.lattice_cpu_bench import head_floor
 
     config = CONFIGS["tiny"]
