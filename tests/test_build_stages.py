@@ -101,6 +101,11 @@ def test_stages_from_paths_return_their_fragments(tiny_models, tmp_path):
     assert set(measured["heldout_tau"]) == {"dflash", "lilicorr_argmax", "lilicorr_greedy_walk"}
     assert all(1.0 <= tau <= 4 for tau in measured["heldout_tau"].values())
     assert set(measured["dels_heldout_ce"]) == {"gru", "markov"}
+    # The headroom of both drafts, on the same blocks as their taus.
+    headroom = measured["headroom"]
+    assert set(headroom) == {"dflash", "lilicorr"} and "walk_tau" in headroom["lilicorr"]
+    assert headroom["dflash"]["argmax_tau"] == pytest.approx(measured["heldout_tau"]["dflash"], abs=2e-4)
+    assert headroom["lilicorr"]["walk_tau"] == pytest.approx(measured["heldout_tau"]["lilicorr_greedy_walk"], abs=2e-4)
     # Without DeLS folders the fragment is the one training.realbed records.
     assert "dels_heldout_ce" not in measure_stage(target, heldout, tmp_path / "drafts/dflash",
                                                   tmp_path / "drafts/lilicorr", 4, 0)
@@ -164,6 +169,30 @@ def test_realbed_adopts_a_finished_first_round(tmp_path, monkeypatch):
         realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"lilicorr": str(source)})
     with pytest.raises(ValueError, match="no config.json"):
         realbed.build(load_recipe("smollm2/build"), tmp_path / "out", adopt={"dflash": str(tmp_path)})
+
+
+def test_realbed_measure_records_the_headroom_of_both_dflash_rounds(tmp_path, monkeypatch):
+    """The measure stage's fragment keeps its keys and adds "headroom", the first DFlash round's
+    too (measured on the same held-out set), rounded for the manifest."""
+    import transformers
+
+    import training.realbed as realbed
+    from training.recipe import load_recipe
+
+    calls = record_realbed_stages(realbed, tmp_path, monkeypatch)
+    realbed.build(load_recipe("smollm2/build"), tmp_path / "out", log=lambda _: None)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(realbed.TokenizedDataset, "load", lambda path: "heldout")
+    stage = {"heldout_examples": 1, "heldout_tau": {"dflash": 1.5}, "headroom": {"dflash": {}, "lilicorr": {}}}
+    monkeypatch.setattr(realbed, "measure_stage", lambda *a, **k: json.loads(json.dumps(stage)))
+    round1 = {"accept_argmax": 0.4, "headroom": {"argmax_tau": 1.400001, "slot_acceptance": [0.123456, None]}}
+    seen = []
+    monkeypatch.setattr(realbed, "drafter_acceptance", lambda folder, *a: seen.append((folder, a[2])) or round1)
+    fragment = calls["measure"]()
+    assert seen == [(tmp_path / "out" / "drafts" / "dflash_round1", "heldout")]
+    assert fragment["heldout_examples"] == 1 and fragment["heldout_tau"] == {"dflash": 1.5, "dflash_round1": 1.4}
+    assert fragment["headroom"] == {"dflash": {}, "lilicorr": {},
+                                    "dflash_round1": {"argmax_tau": 1.4, "slot_acceptance": [0.1235, None]}}
 
 
 def test_realbed_seeds_its_data_from_a_snapshot(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Serving variants of shipped drafts for the served ablations (issue 18), written next to them.
 
-    python -m tools.ablation_drafts --drafts testbed/smollm2/drafts --out .cache/ablation_drafts
+    python -m tools.ablation_drafts --drafts testbed/smollm2/round3/drafts --out .cache/ablation_drafts
 
 Writes, from DRAFTS (a folder with dflash/{dels,dels_markov} and lilicorr/), into OUT:
 - dels_p0/, dels_p1/, dels_markov_p0/, dels_markov_p1/: the shipped DeLS heads with their
@@ -76,7 +76,7 @@ def write_variants(drafts: Path, out: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.ablation_drafts", description=__doc__.split("\n")[0])
-    parser.add_argument("--drafts", required=True, help="shipped drafts folder (testbed/smollm2/drafts)")
+    parser.add_argument("--drafts", required=True, help="shipped drafts folder (testbed/smollm2/round3/drafts)")
     parser.add_argument("--out", required=True, help="folder for the variants (replaced)")
     args = parser.parse_args(argv)
     for path in write_variants(Path(args.drafts), Path(args.out)):

@@ -1,7 +1,7 @@
 """DeLS draft cost with the head's weights in cache and out of it (issue 19): what bounds it.
 
     python -m tools.dels_cache_bench --target .cache/targets/smollm2-135m-instruct \
-        --drafter testbed/smollm2/round2/drafts/dflash --repeats 50
+        --drafter testbed/smollm2/round3/drafts/dflash --repeats 50
 
 For each shipped DeLS head (DRAFTER/dels, DRAFTER/dels_markov) the real rule (rules/dels.py,
 over the drafter's reduced vocabulary) drafts one row of 3 slots from random long logits:

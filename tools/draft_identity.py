@@ -3,7 +3,7 @@ real prompts through a real engine (issue 19's "drafts identical on the benchmar
 
     source scripts/env.sh
     python -m tools.draft_identity --target .cache/targets/smollm2-135m-instruct \
-        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round2/drafts \
+        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round3/drafts \
         --only LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS --benchmarks pypi \
         --data-dir .cache/benchmarks --limit 2 --max-tokens 64
 

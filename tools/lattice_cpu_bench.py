@@ -1,6 +1,6 @@
 """The LiLiCorr rule's CPU cost at the served size, reference path vs serving path, side by side.
 
-Builds the lattice head from the shipped LiLiCorr weights (testbed/smollm2/round2/drafts/lilicorr,
+Builds the lattice head from the shipped LiLiCorr weights (testbed/smollm2/round3/drafts/lilicorr,
 tensors `lilicorr.*`) in bf16 as the proposer does, and a rule twice: `LatticeRule(...,
 reference=True)` (the path as first written) and the served `LatticeRule`. Each repeat times
 both, interleaved, on the same inputs (drafter hidden states, anchor, full-vocabulary bf16
@@ -36,7 +36,7 @@ from vllm_liliprop.kernels import greedy_walk
 from vllm_liliprop.rules.base import DraftInputs
 from vllm_liliprop.rules.lattice import LatticeRule, walk_faults, walk_faults_reference
 
-DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "round2" / "drafts" / "lilicorr"
+DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "round3" / "drafts" / "lilicorr"
 
 
 def load_head(draft: Path = DRAFT, dtype: torch.dtype = torch.bfloat16) -> LatticeHead:

@@ -2,7 +2,7 @@
 
     source scripts/env.sh
     python -m tools.step_cost --target .cache/targets/smollm2-135m-instruct \
-        --draft testbed/smollm2/round2/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
+        --draft testbed/smollm2/round3/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
     VLLM_PLUGINS= python -m tools.step_cost ...   # the same with vLLM's own DFlashProposer
 
 One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run

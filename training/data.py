@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = [
+    "DataFormatError",
     "normalize_messages",
     "read_jsonl_conversations",
     "read_hf_conversations",
@@ -36,34 +38,81 @@ _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assista
                    "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
 
-def normalize_messages(record: dict) -> list[dict[str, str]]:
-    """A record's conversation as [{"role", "content"}], from `messages` or `conversations`."""
+class DataFormatError(ValueError):
+    """A malformed training-data file or record; the message names the file and line (or the
+    dataset row) and the expected format."""
+
+
+_RECORD_FORMAT = ('expected {"messages": [{"role": ..., "content": "..."}, ...]} or ShareGPT\'s '
+                  '{"conversations": [{"from": ..., "value": "..."}, ...]}')
+
+
+def _turn_text(value, where: str) -> str:
+    """A turn's content: text (missing or null: "")."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataFormatError(f"{where}: content = {value!r} must be a string")
+    return value
+
+
+def _turns(record: dict, key: str, where: str) -> list[dict]:
+    turns = record[key]
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        raise DataFormatError(f"{where}: {key!r} must be a list of objects; {_RECORD_FORMAT}")
+    return turns
+
+
+def normalize_messages(record: dict, where: str = "record") -> list[dict[str, str]]:
+    """A record's conversation as [{"role", "content"}], from `messages` or `conversations`;
+    DataFormatError naming `where` (file and line, or dataset row) for a malformed one."""
+    if not isinstance(record, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}; {_RECORD_FORMAT}")
     if "messages" in record:
-        raw = record["messages"]
-        messages = [{"role": m["role"], "content": m.get("content") or ""} for m in raw]
+        messages = [{"role": m.get("role"), "content": _turn_text(m.get("content"), f"{where} message {i}")}
+                    for i, m in enumerate(_turns(record, "messages", where))]
     elif "conversations" in record:
         messages = []
-        for turn in record["conversations"]:
+        for i, turn in enumerate(_turns(record, "conversations", where)):
             role = _SHAREGPT_ROLES.get(str(turn.get("from", turn.get("role"))).lower())
             if role is None:
-                raise ValueError(f"unknown ShareGPT speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}")
-            messages.append({"role": role, "content": turn.get("value", turn.get("content")) or ""})
+                raise DataFormatError(f"{where}: unknown ShareGPT speaker {turn.get('from')!r}; expected one of "
+                                      f"{sorted(_SHAREGPT_ROLES)}")
+            content = turn.get("value", turn.get("content"))
+            messages.append({"role": role, "content": _turn_text(content, f"{where} turn {i}")})
     else:
-        raise ValueError(f"record has neither 'messages' nor 'conversations' (keys: {sorted(record)})")
+        raise DataFormatError(f"{where}: record has neither 'messages' nor 'conversations' "
+                              f"(keys: {sorted(map(str, record))}); {_RECORD_FORMAT}")
     for message in messages:
         if message["role"] not in ("system", "user", "assistant", "tool"):
-            raise ValueError(f"message role {message['role']!r} must be system/user/assistant/tool")
+            raise DataFormatError(f"{where}: message role {message['role']!r} must be system/user/assistant/tool")
     return messages
 
 
+def _json_lines(path: str | Path) -> Iterator[tuple[str, int, object]]:
+    """("<path> line N", N, parsed JSON) for every non-blank line; DataFormatError naming the
+    line for text that is not UTF-8 or not JSON."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path} line {number}"
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                yield where, number, json.loads(line)
+            except UnicodeDecodeError:
+                raise DataFormatError(f"{where}: not UTF-8 text; save the file as UTF-8") from None
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); each line must be one "
+                                      "JSON object") from None
+
+
 def read_jsonl_conversations(path: str | Path) -> Iterator[dict]:
-    """Yield {"id", "messages"} for every line of a JSONL file (id defaults to the line number)."""
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            yield {"id": str(record.get("id", line_number)), "messages": normalize_messages(record)}
+    """Yield {"id", "messages"} for every line of a JSONL file (id defaults to the line number,
+    counted from 0 over every line)."""
+    for where, number, record in _json_lines(path):
+        messages = normalize_messages(record, where)
+        yield {"id": str(record.get("id", number - 1)), "messages": messages}
 
 
 def read_hf_conversations(name: str, split: str = "train", config: str | None = None,
@@ -76,7 +125,7 @@ def read_hf_conversations(name: str, split: str = "train", config: str | None = 
         if limit is not None and index >= limit:
             return
         key = record.get("id", record.get("uuid", index))
-        yield {"id": str(key), "messages": normalize_messages(record)}
+        yield {"id": str(key), "messages": normalize_messages(record, f"{name} ({split}) row {index}")}
 
 
 def read_conversations(source: str, split: str = "train", limit: int | None = None) -> Iterator[dict]:
@@ -221,13 +270,14 @@ class TokenizedDataset:
         if not Path(path).exists():
             raise ValueError(f"tokenized dataset {path} does not exist; build it with `python -m training.data`")
         ids, masks = [], []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    ids.append(record["input_ids"])
-                    masks.append([bool(m) for m in record["loss_mask"]])
-        return cls(ids, masks)
+        for where, _, record in _json_lines(path):
+            example_ids, mask = _tokenized_record(record, where)
+            ids.append(example_ids)
+            masks.append(mask)
+        try:
+            return cls(ids, masks)
+        except ValueError as exc:
+            raise DataFormatError(f"{path}: {exc}; rebuild it with `python -m training.data`") from None
 
     def supervised_token_counts(self, vocab_size: int) -> torch.Tensor:
         """int64 [V]: how often each token id appears under the loss mask (DeLS prior)."""
@@ -239,6 +289,28 @@ class TokenizedDataset:
                     raise ValueError(f"token id {int(kept.max())} >= vocab_size {vocab_size}")
                 counts += torch.bincount(kept, minlength=vocab_size)
         return counts
+
+
+def read_texts(path: str | Path, field: str) -> list[str]:
+    """The `field` text of every line of a JSONL file (`--text-field`)."""
+    texts = []
+    for where, _, record in _json_lines(path):
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise DataFormatError(f"{where}: expected an object with a text field {field!r} (--text-field)")
+        texts.append(record[field])
+    return texts
+
+
+def _tokenized_record(record, where: str) -> tuple[list[int], list[bool]]:
+    """One line of a tokenized dataset: {"input_ids": [int >= 0], "loss_mask": [0/1 or bool]}."""
+    ok = (isinstance(record, dict) and isinstance(record.get("input_ids"), list)
+          and isinstance(record.get("loss_mask"), list)
+          and all(type(t) is int and t >= 0 for t in record["input_ids"])
+          and all(m in (0, 1) and type(m) in (int, bool) for m in record["loss_mask"]))
+    if not ok:
+        raise DataFormatError(f"{where}: expected {{\"input_ids\": [token ids >= 0], \"loss_mask\": "
+                              "[0 or 1 per id]}; rebuild the file with `python -m training.data`")
+    return record["input_ids"], [bool(m) for m in record["loss_mask"]]
 
 
 def training_vocabulary(dataset: "TokenizedDataset", vocab_size: int, size: int) -> tuple[torch.Tensor, float]:
@@ -286,14 +358,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="read at most this many conversations")
     parser.add_argument("--text-field", default=None,
                         help="treat the .jsonl input as plain text records with this field (all tokens supervised)")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     if args.text_field:
-        with open(args.input, encoding="utf-8") as f:
-            texts = [json.loads(line)[args.text_field] for line in f if line.strip()][: args.limit]
+        texts = read_texts(args.input, args.text_field)[: args.limit]
         dataset = TokenizedDataset.from_texts(tokenizer, texts, args.max_length)
     else:
         dataset = TokenizedDataset.from_conversations(

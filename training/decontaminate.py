@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 WORD = re.compile(r"[a-z0-9]+")
 
@@ -77,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eval-dir", required=True, help="folder of benchmark .jsonl files")
     parser.add_argument("--output", required=True, help="kept conversations .jsonl")
     parser.add_argument("--ngram", type=int, default=13)
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     report = decontaminate_file(args.input, args.eval_dir, args.output, args.ngram)
     print(json.dumps({k: v for k, v in report.items() if k != "dropped_ids"}, indent=2))
 

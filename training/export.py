@@ -44,6 +44,7 @@ from vllm_liliprop.heads.dels_io import DelsConfig, head_structure, load_dels_he
 from vllm_liliprop.heads.domino import DOMINO_SUBFOLDER, DominoHead, load_domino_head, save_domino_head
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX, MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = [
     "export_dflash",
@@ -276,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir (.../checkpoints/step_N) or its state.pt")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     out = export_checkpoint(args.checkpoint, args.out, getattr(torch, args.dtype))
     print(f"exported {out}")
 

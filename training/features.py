@@ -28,6 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.data import TokenizedDataset, collate
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = [
     "decoder_layers",
@@ -199,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
 
     from transformers import AutoModelForCausalLM
 

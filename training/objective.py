@@ -33,7 +33,7 @@ from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.lattice import LatticeHead
 from vllm_liliprop.walks import greedy_walk
 
-__all__ = ["DraftObjective", "accepted_prefix_length", "vocab_positions"]
+__all__ = ["DraftObjective", "accepted_prefix_length", "true_token_rank", "vocab_positions"]
 
 
 def accepted_prefix_length(draft_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,6 +41,18 @@ def accepted_prefix_length(draft_ids: torch.Tensor, targets: torch.Tensor) -> to
     run of matches: the number of drafted tokens a greedy verifier would accept."""
     hits = (draft_ids == targets) & (targets >= 0)
     return hits.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+
+
+def true_token_rank(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[..., V] scores and [...] true ids (-1 = none) -> [...] int64: the true token's place in
+    the order argmax and top-K take (score descending, lower index first among ties, as
+    torch.argmax and `topk_candidates`), so rank 0 is exactly an argmax hit. V where there is
+    no true token: it is then within no top-K."""
+    vocab = logits.shape[-1]
+    true = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1))
+    earlier = torch.arange(vocab, device=logits.device) < targets.unsqueeze(-1)
+    rank = ((logits > true) | ((logits == true) & earlier)).sum(dim=-1)
+    return torch.where(targets >= 0, rank, torch.full_like(rank, vocab))
 
 
 def vocab_positions(vocab_ids, vocab_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +85,7 @@ class DraftObjective(nn.Module):
         weights: LossWeights = LossWeights(),
         num_anchors: int = 512,
         vocab_ids: torch.Tensor | None = None,
+        slot_outcomes: bool = False,
     ) -> None:
         super().__init__()
         cfg = drafter.config
@@ -102,6 +115,11 @@ class DraftObjective(nn.Module):
         self.correction = correction
         self.weights = weights
         self.num_anchors = num_anchors
+        # Measurement only (the measure stage's headroom): per-slot [M, S] tensors in the terms
+        # ("true_rank", "slot_valid", "walk_hit"); off in training, where they would cost a pass
+        # over [M, S, V] and the trainer logs scalars only. A true token outside the training
+        # vocabulary ranks V there (a miss at every K), as in a reduced-vocabulary draft's serving.
+        self.slot_outcomes = slot_outcomes
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
         # The training vocabulary (an extension for CPU budgets): every softmax of the loss runs
         # over these rows of the LM head only, and labels outside them are not supervised. The
@@ -137,14 +155,12 @@ class DraftObjective(nn.Module):
         of anchor a is the token at a + 1 + s, predicted by the target at a + s."""
         return block_windows(states, anchors, slots)[valid]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        loss_mask: torch.Tensor,
-        target_taps: torch.Tensor,
-        seeds: Sequence[int],
-        target_final_hidden: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
+    def draft_blocks(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, target_taps: torch.Tensor,
+                     seeds: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The drafter over a batch's anchor blocks: anchors [B, A] and valid [B, A]; per valid
+        block (M of them) targets and slot_mask [M, S] (training-vocabulary labels),
+        slot_hidden [M, S, H], draft_logits [M, S, V'], anchor_hidden [M, H] (the context state
+        before the anchor, the LiLiCorr head's anchor input); context [B, T, H]."""
         cfg = self.drafter.config
         anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
         block_ids, targets, slot_mask = build_blocks(
@@ -153,8 +169,25 @@ class DraftObjective(nn.Module):
         context = self.drafter.context_states(target_taps.to(self.drafter.fc.weight.dtype))
         hidden = self.drafter(F.embedding(block_ids, self.embed_weight), context, anchors)
         slot_hidden = hidden[:, :, 1:][valid]  # [M, S, H]
+        slot_valid = slot_mask[valid]  # before the training vocabulary drops labels outside it
         targets, slot_mask = self._train_labels(targets[valid], slot_mask[valid])
-        draft_logits = F.linear(slot_hidden, self.lm_head_weight)  # [M, S, V]
+        before_anchor = (anchors - 1).unsqueeze(-1).expand(-1, -1, context.shape[-1])
+        return {"anchors": anchors, "valid": valid, "targets": targets, "slot_mask": slot_mask,
+                "slot_valid": slot_valid, "context": context, "slot_hidden": slot_hidden,
+                "draft_logits": F.linear(slot_hidden, self.lm_head_weight),  # [M, S, V]
+                "anchor_hidden": context.gather(1, before_anchor)[valid]}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        target_taps: torch.Tensor,
+        seeds: Sequence[int],
+        target_final_hidden: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        draft = self.draft_blocks(input_ids, loss_mask, target_taps, seeds)
+        anchors, valid, targets, slot_mask = draft["anchors"], draft["valid"], draft["targets"], draft["slot_mask"]
+        slot_hidden, draft_logits = draft["slot_hidden"], draft["draft_logits"]
         metrics = {}
         if self.correction is not None:
             # Teacher forcing: each slot is corrected from the true token before it, which is
@@ -186,8 +219,7 @@ class DraftObjective(nn.Module):
                 candidate_ids, _ = topk_candidates(draft_logits.detach().flatten(0, 1), k)
             candidate_ids = candidate_ids.view(blocks, slots, k)
             candidate_log_probs = draft_logits.float().log_softmax(dim=-1).gather(-1, candidate_ids)
-            before_anchor = (anchors - 1).unsqueeze(-1).expand(-1, -1, context.shape[-1])
-            anchor_hidden = context.gather(1, before_anchor)[valid]  # [M, H]
+            anchor_hidden = draft["anchor_hidden"]  # [M, H]
             start, pairs = self.lattice.score(
                 F.embedding(self.full_ids(candidate_ids), self.embed_weight),
                 candidate_log_probs,
@@ -211,6 +243,8 @@ class DraftObjective(nn.Module):
             with torch.no_grad():
                 walk = candidate_ids.gather(-1, greedy_walk(start.detach(), pairs.detach()).unsqueeze(-1))
                 metrics["accept_walk"] = accepted_prefix_length(walk.squeeze(-1), targets).float().mean()
+                if self.slot_outcomes:
+                    metrics["walk_hit"] = (walk.squeeze(-1) == targets) & (targets >= 0)
 
         terms = total_loss(
             draft_logits=draft_logits,
@@ -226,6 +260,9 @@ class DraftObjective(nn.Module):
             supervised = slot_mask.sum().clamp(min=1)
             metrics["slot_accuracy"] = ((argmax_draft == targets) & slot_mask).sum() / supervised
             metrics["blocks"] = torch.tensor(float(targets.shape[0]), device=targets.device)
+            if self.slot_outcomes:
+                metrics["true_rank"] = true_token_rank(draft_logits.detach(), targets)
+                metrics["slot_valid"] = draft["slot_valid"]
         terms.update(metrics)
         return terms
 

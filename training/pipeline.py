@@ -38,7 +38,8 @@ Qwen3DSparkModel, or a DFlash directory with a domino/ head).
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ from vllm_liliprop.heads.domino import DominoConfig, DominoHead
 from vllm_liliprop.heads.dspark import MarkovBiasHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 
-__all__ = ["build_lattice", "build_drafter", "run_draft_training", "DEFAULT_LATTICE"]
+__all__ = ["build_lattice", "build_drafter", "prepare_draft_training", "run_draft_training", "DraftRun",
+           "DEFAULT_LATTICE"]
 
 DEFAULT_LATTICE = {
     "candidate_topk": 8,
@@ -167,19 +169,23 @@ def build_sequential_head(method: str, spec: dict[str, Any], drafter_config: Dra
     return DominoHead(config, embed_weight, head_ids)
 
 
-def run_draft_training(
-    recipe: dict[str, Any],
-    *,
-    resume: str | bool | None = None,
-    target_model=None,
-    dataset=None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train per the recipe; returns {"history", "export_dir", "trainer"}.
+@dataclass
+class DraftRun:
+    """A draft training, built and ready to fit: the trainer, the modules it trains, the
+    training vocabulary, and how to export the result."""
 
-    `target_model` / `dataset` may be passed in directly (tests, notebooks); otherwise they
-    are loaded from recipe["target"] / recipe["data"].
-    """
+    trainer: Trainer
+    drafter: DFlashDrafter
+    objective: DraftObjective
+    export: Callable[[Path], None]
+    vocab_ids: torch.Tensor | None
+
+
+def prepare_draft_training(recipe: dict[str, Any], *, target_model=None, dataset=None,
+                           progress: bool = True) -> DraftRun:
+    """Build everything a recipe trains (target, data, drafter, head, objective, trainer) without
+    training a step. `target_model` / `dataset` may be passed in directly (tests, notebooks, a
+    device round); otherwise they are loaded from recipe["target"] / recipe["data"]."""
     method = recipe.get("method")
     if method not in METHODS:
         raise ValueError(f"recipe method must be one of {METHODS}, got {method!r}")
@@ -248,12 +254,8 @@ def run_draft_training(
         objective, trainable, make_inputs, len(dataset), train_config,
         device=device, dist_env=env, checkpoint_extras=extras, progress=progress,
     )
-    if resume == "latest":
-        resume = True
-    history = trainer.fit(resume=resume)
 
-    export_dir = Path(train_config.output_dir) / "final"
-    if env.is_main:
+    def export(export_dir: Path) -> None:
         dtype = getattr(torch, recipe.get("export_dtype", "bfloat16"))
         draft_vocab = (vocab_ids, lm_head_weight) if export_vocab == "train" else None
         if lattice is not None:
@@ -264,4 +266,28 @@ def run_draft_training(
             export_domino(export_dir, drafter, correction, dtype, draft_vocab)
         else:
             export_dflash(export_dir, drafter, dtype, draft_vocab)
-    return {"history": history, "export_dir": export_dir, "trainer": trainer}
+
+    return DraftRun(trainer, drafter, objective, export, vocab_ids)
+
+
+def run_draft_training(
+    recipe: dict[str, Any],
+    *,
+    resume: str | bool | None = None,
+    target_model=None,
+    dataset=None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train per the recipe; returns {"history", "export_dir", "trainer"}.
+
+    `target_model` / `dataset` may be passed in directly (tests, notebooks); otherwise they
+    are loaded from recipe["target"] / recipe["data"].
+    """
+    run = prepare_draft_training(recipe, target_model=target_model, dataset=dataset, progress=progress)
+    if resume == "latest":
+        resume = True
+    history = run.trainer.fit(resume=resume)
+    export_dir = Path(recipe["train"]["output_dir"]) / "final"
+    if run.trainer.env.is_main:
+        run.export(export_dir)
+    return {"history": history, "export_dir": export_dir, "trainer": run.trainer}

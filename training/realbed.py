@@ -62,10 +62,12 @@ from training.build_stages.tokenization import tokenize_stage
 from training.build_stages.versions import versions
 from training.data import TokenizedDataset, read_jsonl_conversations
 from training.decontaminate import decontaminate_file
+from training.headroom_metrics import rounded
 from training.magpie import generate_prompts
 from training.recipe import apply_overrides, load_recipe
 from training.stages import finished_stages, run_stage
 from training.train_dels import run_fusion_training
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 
 # Every held-out tau of the manifest as results rows (plots' ablation table reads it).
@@ -252,6 +254,7 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
         if two_rounds:  # what the second round added, on the same anchors
             tau = drafter_acceptance(first, False, target, heldout, recipe["measure"]["num_anchors"], seed)
             fragment["heldout_tau"]["dflash_round1"] = round(1 + tau["accept_argmax"], 4)
+            fragment["headroom"]["dflash_round1"] = rounded(tau["headroom"])
         return fragment
 
     stage("measure", measure)
@@ -360,7 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="after the build (or --until), keep its generated data in DIR")
     parser.add_argument("--ship", metavar="DIR", help="after the build, copy the drafts and the "
                                                       "manifest into DIR (e.g. testbed/smollm2)")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     recipe = apply_overrides(load_recipe(args.recipe), args.overrides)
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "training.realbed", *(argv or sys.argv[1:])])
     try:

@@ -26,7 +26,14 @@ def load_recipe(name_or_path: str | Path) -> dict[str, Any]:
             known = sorted(p.stem for p in RECIPE_DIR.glob("*.json"))
             raise ValueError(f"recipe {name_or_path!r} is neither a file nor a built-in recipe {known}")
         path = candidate
-    recipe = json.loads(path.read_text())
+    try:
+        recipe = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"recipe {path} cannot be read as JSON ({exc}); a recipe is a JSON object "
+                         "like training/recipes/*.json") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"recipe {path} holds a JSON {type(recipe).__name__}; a recipe is a JSON "
+                         "object of sections like training/recipes/*.json")
     recipe.pop("_comment", None)
     return recipe
 
@@ -36,8 +43,9 @@ def apply_overrides(recipe: dict[str, Any], overrides: Sequence[str]) -> dict[st
     recipe = copy.deepcopy(recipe)
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} must look like key.path=value")
+        if not sep or not all(key.split(".")):
+            raise ValueError(f"override {item!r} must look like key.path=value (dotted names, "
+                             "none empty)")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -48,6 +56,10 @@ def apply_overrides(recipe: dict[str, Any], overrides: Sequence[str]) -> dict[st
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override {item!r}: {part!r} is not a section of the recipe")
+        if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+            # The section's readers would fail far from here on a number or a string.
+            raise ValueError(f"override {item!r} replaces the section {key!r} with {value!r}; set a "
+                             f"field inside it ({key}.NAME=VALUE) or give a JSON object")
         node[parts[-1]] = value
     return recipe
 

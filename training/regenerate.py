@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from training.data import read_conversations
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = ["completed_ids", "regenerate_conversations", "vllm_chat_generator"]
 
@@ -76,11 +78,13 @@ def regenerate_conversations(
     chunk_size: int = 256,
     answer_trailing_user: bool = True,
     progress: bool = True,
+    deadline: float | None = None,
 ) -> int:
     """Regenerate assistant turns; append finished conversations to `output_path`.
 
     conversations: {"id", "messages"} records (training.data readers).
     generate(list of message lists) -> one reply per list (greedy, no reasoning).
+    deadline: a time.time() after which no new chunk starts (a rerun resumes).
     Returns the number of conversations written by this call.
     """
     if chunk_size < 1:
@@ -123,6 +127,9 @@ def regenerate_conversations(
     for conversation in conversations:
         if str(conversation["id"]) in done:
             continue
+        if deadline is not None and time.time() >= deadline:
+            chunk = []
+            break
         chunk.append(conversation)
         if len(chunk) == chunk_size:
             written += flush(chunk)
@@ -167,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-trailing-user", action="store_true", help="do not answer a trailing user turn")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
 
     llm_kwargs = {"tensor_parallel_size": args.tensor_parallel_size}
     if args.max_model_len:

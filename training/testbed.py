@@ -76,6 +76,7 @@ from training.build_stages.versions import versions
 from training.data import TokenizedDataset, read_jsonl_conversations
 from training.recipe import RECIPE_DIR, apply_overrides, load_recipe
 from training.stages import run_stage
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = [
     "PRESETS",
@@ -335,7 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe field, e.g. --set target_train.steps=500 (repeatable)")
     parser.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     if (args.preset is None) == (args.recipe is None):
         parser.error("pass exactly one of --preset or --recipe")
     recipe = apply_overrides(load_recipe(args.recipe or PRESET_DIR / f"{args.preset}.json"), args.overrides)

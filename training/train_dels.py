@@ -59,6 +59,7 @@ from training.recipe import add_recipe_arguments, recipe_from_args
 from training.trainer import Trainer, seeds_for
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead, UnigramPrior, check_prefix_len, dels_fuse
 from vllm_liliprop.heads.dels_io import load_dels_head, tokenizer_fingerprint
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = [
     "ShortHeadObjective",
@@ -376,7 +377,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.train_dels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_recipe_arguments(parser)
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     recipe = recipe_from_args(args)
     if args.print_recipe:
         print(json.dumps(recipe, indent=2))

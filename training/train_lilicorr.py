@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from training.pipeline import run_draft_training
 from training.recipe import add_recipe_arguments, recipe_from_args
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 METHOD = "lilicorr"
 
@@ -25,7 +26,9 @@ def main(argv: Sequence[str] | None = None, method: str = METHOD, description: s
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_recipe_arguments(parser)
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
     recipe = recipe_from_args(args)
     if recipe.get("method", method) != method:
         raise ValueError(f"recipe method is {recipe['method']!r}; use training.train_{recipe['method']}")

@@ -38,7 +38,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training.blocks import example_seed
-from vllm_liliprop.host import cpu_bf16_matmul_speedup
+from vllm_liliprop.host import BF16_MIN_SPEEDUP, cpu_bf16_matmul_speedup
 
 __all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
 
@@ -149,12 +149,6 @@ def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: floa
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-# bf16 autocast also casts and keeps fp32 master weights: below this matmul speed ratio it does
-# not pay (an Intel host without AMX: 0.8x, and a SmolLM2 DFlash step took 6.1 s in bf16
-# autocast against 3.3 s in fp32).
-BF16_MIN_SPEEDUP = 1.3
 
 
 def auto_precision(device: torch.device) -> str:
@@ -380,10 +374,24 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         random.setstate(state["rng"]["python"])
 
+    def retarget(self, total_steps: int) -> None:
+        """Make the run `total_steps` long from where it stands: the cosine schedule is rebuilt
+        for the new length and resumes at the current step (a run sized by a time budget learns
+        its step time first, during warm-up)."""
+        if total_steps < self.step:
+            raise ValueError(f"total_steps {total_steps} is below the current step {self.step}")
+        optim = self.config.optim
+        self.total_steps = total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, cosine_with_warmup(total_steps, optim.warmup_ratio, optim.min_lr_ratio, optim.warmup_steps),
+            last_epoch=self.step - 1)
+
     # -- the loop --------------------------------------------------------------------------
-    def fit(self, resume: str | Path | bool | None = None) -> list[dict[str, float]]:
+    def fit(self, resume: str | Path | bool | None = None, deadline: float | None = None) -> list[dict[str, float]]:
         """Train to `total_steps`. resume: a checkpoint path, True (latest in output_dir), or None.
-        Returns the per-step logs of this process (also appended to output_dir/metrics.jsonl)."""
+        deadline: a time.time() after which the loop saves a checkpoint and returns early (a rerun
+        resumes there). Returns the per-step logs of this process (also appended to
+        output_dir/metrics.jsonl)."""
         if resume is True:
             resume = self.latest_checkpoint()
         if resume:
@@ -411,6 +419,9 @@ class Trainer:
                     bar.set_postfix(loss=f"{logs['loss']:.4f}")
                 if self.step % self.config.save_every == 0 or self.step == self.total_steps:
                     self.save_checkpoint()
+                elif deadline is not None and time.time() >= deadline:
+                    self.save_checkpoint()
+                    break
         finally:
             bar.close()
             if metrics_file is not None:

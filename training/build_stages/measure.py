@@ -11,40 +11,62 @@ import torch
 from training.data import collate
 from training.export import load_dflash, load_domino, load_dspark, load_lilicorr, read_draft_vocab
 from training.features import OnlineFeatures, frozen_target_weights
+from training.headroom_metrics import headroom_metrics, rounded
 from training.losses import LossWeights
 from training.objective import DraftObjective
 from training.train_dels import ShortHeadObjective
 from training.trainer import seeds_for
 from vllm_liliprop.heads.dels_io import load_dels_head
 
-__all__ = ["drafter_acceptance", "sequential_head_acceptance", "dels_heldout_ce", "measure_stage",
+__all__ = ["acceptance", "drafter_acceptance", "sequential_head_acceptance", "dels_heldout_ce", "measure_stage",
            "measure_baselines_stage"]
 
 
-@torch.no_grad()
 def drafter_acceptance(draft_dir: Path, lilicorr: bool, target, dataset, num_anchors: int, seed: int) -> dict:
-    """Teacher-forced greedy acceptance of an exported draft on a tokenized dataset whose
-    supervised tokens are the target's own greedy output: mean accepted length per block of the
-    per-slot argmax ("accept_argmax") and, for LiLiCorr, of the greedy lattice walk. A draft with
-    a reduced vocabulary (d2t) is scored over that vocabulary, as vLLM serves it."""
+    """Teacher-forced greedy acceptance of an exported draft (`acceptance`). A draft with a
+    reduced vocabulary (d2t) is scored over that vocabulary, as vLLM serves it."""
     drafter, lattice = load_lilicorr(draft_dir) if lilicorr else (load_dflash(draft_dir), None)
+    return acceptance(drafter, lattice, read_draft_vocab(draft_dir), target, dataset, num_anchors, seed)
+
+
+@torch.no_grad()
+def acceptance(drafter, lattice, vocab_ids, target, dataset, num_anchors: int, seed: int) -> dict:
+    """Teacher-forced greedy acceptance of a drafter (and LiLiCorr head) on a tokenized dataset
+    whose supervised tokens are the target's own greedy output: mean accepted length per block
+    of the per-slot argmax ("accept_argmax") and, with a head, of the greedy lattice walk
+    ("accept_walk"); "headroom": `headroom_metrics` over the same blocks. Runs on the target's
+    device in fp32; the modules are put back in the mode and dtype they had."""
+    device = next(target.parameters()).device
+    modules = [m for m in (drafter, lattice) if m is not None]
+    modes = [(m.training, next(m.parameters()).dtype) for m in modules]
+    for m in modules:
+        m.eval().float()
     embed, lm_head = frozen_target_weights(target)
-    objective = DraftObjective(drafter.eval(), embed.float(), lm_head.float(), lattice=lattice and lattice.eval(),
+    objective = DraftObjective(drafter, embed.float(), lm_head.float(), lattice=lattice,
                                weights=LossWeights(distractor=0.0), num_anchors=num_anchors,
-                               vocab_ids=read_draft_vocab(draft_dir))
+                               vocab_ids=None if vocab_ids is None else vocab_ids.to(device),
+                               slot_outcomes=True)
     features = OnlineFeatures(target, drafter.config.target_layer_ids, final_hidden=False)
     sums: dict[str, float] = {}
+    slots: dict[str, list[torch.Tensor]] = {}
     blocks = 0.0
     for i in range(len(dataset)):
-        batch = collate([dataset[i]])
-        terms = objective(batch["input_ids"], batch["loss_mask"], features(batch)["target_taps"],
+        batch = {k: v.to(device) for k, v in collate([dataset[i]]).items()}
+        terms = objective(batch["input_ids"], batch["loss_mask"], features(batch)["target_taps"].float(),
                           seeds_for([i], seed, 0))
         n = float(terms["blocks"])
         blocks += n
         for key in ("accept_argmax", "accept_walk"):
             if key in terms:
                 sums[key] = sums.get(key, 0.0) + float(terms[key]) * n
-    return {key: value / max(blocks, 1.0) for key, value in sums.items()}
+        for key in ("true_rank", "slot_valid", "walk_hit"):
+            if key in terms:
+                slots.setdefault(key, []).append(terms[key].cpu())
+    for m, (training, dtype) in zip(modules, modes):
+        m.to(dtype).train(training)
+    result = {key: value / max(blocks, 1.0) for key, value in sums.items()}
+    result["headroom"] = headroom_metrics(**{key: torch.cat(parts) for key, parts in slots.items()}) if slots else None
+    return result
 
 
 @torch.no_grad()
@@ -99,8 +121,9 @@ def measure_stage(target, heldout, dflash_dir: str | Path, lilicorr_dir: str | P
     """target: the target model (fp32, eval); heldout: a TokenizedDataset of held-out prompts.
 
     Returns {"heldout_examples", "anchors_per_example", "heldout_tau": {"dflash",
-    "lilicorr_argmax", "lilicorr_greedy_walk"}} (tau = 1 + mean accepted drafts per block) and,
-    given dels_dirs {name: DeLS folder} and the block size, "dels_heldout_ce": {name: nats/token}.
+    "lilicorr_argmax", "lilicorr_greedy_walk"}} (tau = 1 + mean accepted drafts per block),
+    "headroom": {"dflash", "lilicorr"} (`headroom_metrics`, on the same blocks) and, given
+    dels_dirs {name: DeLS folder} and the block size, "dels_heldout_ce": {name: nats/token}.
     """
     dflash = drafter_acceptance(Path(dflash_dir), False, target, heldout, num_anchors, seed)
     lilicorr = drafter_acceptance(Path(lilicorr_dir), True, target, heldout, num_anchors, seed)
@@ -108,7 +131,8 @@ def measure_stage(target, heldout, dflash_dir: str | Path, lilicorr_dir: str | P
         "heldout_examples": len(heldout), "anchors_per_example": num_anchors,
         "heldout_tau": {"dflash": round(1 + dflash["accept_argmax"], 4),
                         "lilicorr_argmax": round(1 + lilicorr["accept_argmax"], 4),
-                        "lilicorr_greedy_walk": round(1 + lilicorr["accept_walk"], 4)}}
+                        "lilicorr_greedy_walk": round(1 + lilicorr["accept_walk"], 4)},
+        "headroom": {"dflash": rounded(dflash["headroom"]), "lilicorr": rounded(lilicorr["headroom"])}}
     if dels_dirs:
         if block_size is None:
             raise ValueError("measure_stage needs the block size to measure DeLS heads")

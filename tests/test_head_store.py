@@ -1,0 +1,72 @@
+"""The head store and head training from it (issue 33), on the tiny testbed's target and draft:
+the store's argmax acceptance is the measure stage's, oracle taus grow with K, and a head trained
+from the store learns (its training loss falls) and exports as a LiLiCorr draft that loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from _training_helpers import single_thread  # noqa: F401
+from training.build_stages.measure import drafter_acceptance
+from training.data import TokenizedDataset
+from training.export import load_dflash, load_lilicorr
+from training.head_store import build_store, load_store
+from training.train_head import lattice_metrics, oracle_tau, train_head
+
+TINY = Path(__file__).resolve().parents[1] / "testbed" / "tiny"
+
+
+@torch.no_grad()
+def _dataset() -> TokenizedDataset:
+    """The target's own greedy continuations of random prompts (what a drafter is trained on)."""
+    target = AutoModelForCausalLM.from_pretrained(TINY / "target", dtype=torch.float32).eval()
+    prompts = torch.randint(10, 2000, (4, 8), generator=torch.Generator().manual_seed(0))
+    ids = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=40, do_sample=False,
+                          min_new_tokens=40, pad_token_id=0).tolist()
+    return TokenizedDataset(ids, [[False] * 8 + [True] * 40 for _ in ids])
+
+
+DATA = _dataset()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    out = tmp_path_factory.mktemp("store")
+    target = AutoModelForCausalLM.from_pretrained(TINY / "target", dtype=torch.float32).eval()
+    record = build_store(TINY / "drafts" / "dflash", target, DATA, out, anchors=6, seed=0,
+                         shard_blocks=10, progress=False)
+    return out, record, target
+
+
+def test_store_matches_the_measure_stage_and_resumes(store):
+    out, record, target = store
+    assert record["blocks"] == 24 and len(list(out.glob("shard_*.safetensors"))) >= 2
+    blocks = load_store(out)
+    taus = [oracle_tau(blocks["candidate_ids"].long(), blocks["targets"].long(), k) for k in (1, 2, 4, 8, 16)]
+    assert taus == sorted(taus)
+    measured = drafter_acceptance(TINY / "drafts" / "dflash", False, target, DATA, 6, 0)
+    assert taus[0] == pytest.approx(1 + measured["accept_argmax"], abs=0.05)
+    again = build_store(TINY / "drafts" / "dflash", target, DATA, out, anchors=6, seed=0,
+                        shard_blocks=10, progress=False)
+    assert again["blocks"] == 24  # nothing recomputed or duplicated
+
+
+def test_head_trains_from_the_store_and_exports(store, tmp_path):
+    out, _, target = store
+    blocks = load_store(out)
+    drafter = load_dflash(TINY / "drafts" / "dflash")
+    recipe = {"lattice": {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                          "factor_dim": 16},
+              "loss": {"distractor": 1.0},
+              "train": {"steps": 30, "batch_blocks": 16, "lr": 3e-3, "eval_every": 30, "log_every": 1}}
+    embed = target.get_input_embeddings().weight.detach()
+    head, curve = train_head(recipe, blocks, blocks, embed, drafter.config, tmp_path, progress=False)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0]
+    assert set(curve[-1]) >= {"walk_tau", "argmax_tau", "oracle4_tau", "headroom_share"}
+    assert curve[-1] == {**curve[-1], **lattice_metrics(head, blocks, embed)}

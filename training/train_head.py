@@ -1,0 +1,166 @@
+"""A LiLiCorr head trained alone over a frozen drafter, from a head store (issue 33).
+
+The store (`training.head_store`) holds each block's candidates, log-probs and states, so a
+step is the head alone: thousands of steps cost what a few dozen joint steps do. Held-out walk
+tau, argmax tau, oracle-prefix tau and the walk's share of the headroom are measured on a
+held-out store along the run (the learning curve); the head is exported with the drafter as an
+upstream LiLiCorrDraftModel folder.
+
+    python -m training.train_head --store .cache/head_store/train --heldout .cache/head_store/heldout \\
+        --draft testbed/smollm2/round3/drafts/dflash --target .cache/targets/smollm2-135m-instruct \\
+        --recipe smollm2/lilicorr_head --out .cache/heads/base [--set train.steps=4000 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from training.export import export_lilicorr, load_dflash
+from training.head_store import load_store
+from training.losses import distractor_penalty, ground_truth_index, margin_hinge, oracle_prefix_mask, reranker_ce
+from training.objective import accepted_prefix_length
+from training.pipeline import build_lattice
+from training.recipe import apply_overrides, load_recipe
+from training.trainer import cosine_with_warmup
+from vllm_liliprop.walks import greedy_walk
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
+
+__all__ = ["head_loss", "lattice_metrics", "train_head", "main"]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _inputs(store: dict, rows: torch.Tensor, k: int, embed: torch.Tensor, dropout: float = 0.0,
+            generator: torch.Generator | None = None):
+    ids = store["candidate_ids"][rows, :, :k].long()
+    log_probs = store["candidate_log_probs"][rows, :, :k]
+    if dropout > 0:
+        # Blocks whose confidence features are hidden: the head must rank from the tokens and
+        # states alone there (a head that only copies log p cannot lower its loss on them).
+        hide = torch.rand(rows.shape[0], generator=generator) < dropout
+        log_probs = torch.where(hide[:, None, None], torch.full_like(log_probs, -math.log(k)), log_probs)
+    return (embed[ids], log_probs, store["slot_hidden"][rows], store["anchor_hidden"][rows],
+            torch.ones(rows.shape[0], dtype=torch.bool)), ids
+
+
+def head_loss(start, pairs, ids, targets, target_logq, loss: dict) -> dict[str, torch.Tensor]:
+    """Eq. 7's reranker terms: (1 - mu) CE + lambda distractor + mu margin, on oracle prefixes."""
+    oracle, gt = oracle_prefix_mask(ids, targets), ground_truth_index(ids, targets)
+    terms = {"ce": reranker_ce(start, pairs, gt, oracle)}
+    mu, lam = loss.get("margin_blend", 0.0), loss.get("distractor", 1.0)
+    total = (1 - mu) * terms["ce"]
+    if lam > 0:
+        terms["distractor"] = distractor_penalty(start, pairs, gt, target_logq, oracle)
+        total = total + lam * terms["distractor"]
+    if mu > 0:
+        terms["margin"] = margin_hinge(start, pairs, gt, oracle, loss.get("margin", 2.0))
+        total = total + mu * terms["margin"]
+    terms["loss"] = total
+    return terms
+
+
+def oracle_tau(ids: torch.Tensor, targets: torch.Tensor, k: int) -> float:
+    hit = (ids[..., :k] == targets.unsqueeze(-1)).any(dim=-1) & (targets >= 0)
+    return 1 + hit.long().cumprod(dim=-1).sum(dim=-1).float().mean().item()
+
+
+@torch.no_grad()
+def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024) -> dict[str, float]:
+    """Held-out taus (1 + mean accepted drafts per block): the greedy walk, the drafter's argmax,
+    the oracle prefix at K, and the walk's share of the headroom at the head's K."""
+    head.eval()
+    k = head.config.candidate_topk
+    n = store["targets"].shape[0]
+    walks = []
+    for at in range(0, n, batch):
+        rows = torch.arange(at, min(at + batch, n))
+        inputs, ids = _inputs(store, rows, k, embed)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            start, pairs = head.score(*inputs)
+        walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
+    head.train()
+    targets = store["targets"].long()
+    all_ids = store["candidate_ids"].long()
+    walk = 1 + accepted_prefix_length(torch.cat(walks), targets).float().mean().item()
+    argmax, oracle = oracle_tau(all_ids, targets, 1), oracle_tau(all_ids, targets, k)
+    return {"walk_tau": round(walk, 4), "argmax_tau": round(argmax, 4), f"oracle{k}_tau": round(oracle, 4),
+            "headroom_share": round((walk - argmax) / max(oracle - argmax, 1e-9), 4)}
+
+
+def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, drafter_config, out: Path,
+               progress: bool = True) -> tuple[torch.nn.Module, list[dict]]:
+    spec = recipe["train"]
+    torch.manual_seed(spec.get("seed", 0))
+    generator = torch.Generator().manual_seed(spec.get("seed", 0))
+    head = build_lattice(recipe.get("lattice", {}), drafter_config)
+    k, steps, n = head.config.candidate_topk, int(spec["steps"]), store["targets"].shape[0]
+    decay = [p for name, p in head.named_parameters() if p.dim() >= 2 and "embedding" not in name]
+    rest = [p for name, p in head.named_parameters() if not (p.dim() >= 2 and "embedding" not in name)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec.get("weight_decay", 0.01)},
+                                   {"params": rest, "weight_decay": 0.0}], lr=spec["lr"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(steps, spec.get("warmup_ratio", 0.05)))
+    curve = [{"step": 0, **lattice_metrics(head, heldout, embed)}]
+    log = open(out / "metrics.jsonl", "w", encoding="utf-8")
+    began = time.time()
+    for step in tqdm(range(1, steps + 1), desc="head", disable=not progress):
+        rows = torch.randint(0, n, (spec["batch_blocks"],), generator=generator)
+        inputs, ids = _inputs(store, rows, k, embed, spec.get("feature_dropout", 0.0), generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            start, pairs = head.score(*inputs)
+        terms = head_loss(start, pairs, ids, store["targets"][rows].long(), store["target_logq"][rows, :, :k],
+                          recipe.get("loss", {}))
+        terms["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), spec.get("clip_grad_norm", 1.0))
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % spec.get("log_every", 25) == 0:
+            log.write(json.dumps({"step": step, **{key: round(float(v.detach()), 5) for key, v in terms.items()}}) + "\n")
+            log.flush()
+        if step % spec.get("eval_every", 250) == 0 or step == steps:
+            curve.append({"step": step, "seconds": round(time.time() - began, 1), **lattice_metrics(head, heldout, embed)})
+            (out / "curve.json").write_text(json.dumps(curve, indent=2) + "\n")
+    log.close()
+    return head, curve
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m training.train_head", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", required=True, help="training head store")
+    parser.add_argument("--heldout", required=True, help="held-out head store (the learning curve)")
+    parser.add_argument("--draft", required=True, help="the frozen drafter's folder (the store's)")
+    parser.add_argument("--target", required=True, help="the target's folder (its embedding table)")
+    parser.add_argument("--recipe", default="smollm2/lilicorr_head")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", required=True)
+    add_verbose_flag(parser)
+    args = parser.parse_args(argv)
+    quiet_after_parse(args)  # libraries at WARNING unless --verbose
+    recipe = apply_overrides(load_recipe(args.recipe), args.set)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    embed = load_file(str(Path(args.target) / "model.safetensors"))["model.embed_tokens.weight"]
+    drafter = load_dflash(args.draft)
+    head, curve = train_head(recipe, load_store(args.store), load_store(args.heldout), embed, drafter.config, out)
+    export_lilicorr(out / "lilicorr", drafter, head, torch.bfloat16)
+    for name in TOKENIZER_FILES:
+        if (Path(args.draft) / name).is_file():
+            shutil.copy(Path(args.draft) / name, out / "lilicorr" / name)
+    (out / "run.json").write_text(json.dumps({"recipe": recipe, "store": args.store, "heldout": args.heldout,
+                                              "draft": args.draft, "curve": curve}, indent=2) + "\n")
+    print(json.dumps(curve[-1]))
+
+
+if __name__ == "__main__":
+    main()
