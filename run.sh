@@ -4,26 +4,36 @@
 # shipped in testbed/smollm2/, over the seven benchmarks, through real vLLM engines; print the
 # tables and write the plots. Extra arguments go to both `python -m eval run` calls (e.g.
 # --limit 4, --only AR,DFlash). LILIPROP_OUT moves the results (default results/smollm2).
+# Quiet by default: vLLM and the other libraries log at WARNING; --verbose (or LILIPROP_VERBOSE=1)
+# shows their INFO lines and load bars (vllm_liliprop/quiet.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 source scripts/env.sh
 out=${LILIPROP_OUT:-results/smollm2}
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
+# The headline systems (plain decoding, DFlash, LiLiCorr, DSpark, DeLS-Markov) on three prompts of
+# each benchmark: 21 paired ratios per system narrow the headline interval in about the time that
+# nine systems on one prompt each took. LILIPROP_SYSTEMS=all (or a list) picks others.
+all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
+systems=${LILIPROP_SYSTEMS:-AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov}
+[ "$systems" = all ] && systems=$all_systems
 run() {
     .venv/bin/python -m eval run \
-        --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round2/drafts" \
+        --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \
         --benchmarks pypi --data-dir "${LILIPROP_CACHE:-.cache}/benchmarks" --only "$systems" \
-        --temperatures 0 --concurrency 1 --limit 1 --max-tokens 64 "$@"
+        --temperatures 0 --concurrency 1 --limit 3 --max-tokens 64 "$@"
 }
-# Timed in bf16, the target's own dtype: the CPU verification pass of a block costs least there.
+# Timed in the dtype this host runs fastest (measured: bf16 where its matmul is at least 1.3x fp32,
+# else fp32; LILIPROP_DTYPE overrides): a host without fast bf16 would otherwise make every system
+# pay bf16's emulation in each verification pass (issue 34).
+dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
 # --paired: AR runs again on each system's prompts just before it (an AR engine kept open), so
 # every speedup is a ratio measured side by side even when the machine's speed drifts.
-echo "[main job] 1/2: speed, bf16 (tables below)"
-run --engine-flags '{"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": true}' --paired \
+echo "[main job] 1/2: speed, $dtype (tables below)"
+run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired \
     --max-tokens 48 --warmup-tokens 8 \
-    --stages DFlash,LiLiCorr-greedy,DeLS-GRU,Domino,DSpark --stage-benchmarks mtbench \
+    --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token
 # decode step, so outputs can part at near-ties for any drafter (eval/README.md).

@@ -368,20 +368,29 @@ def read_rows(path: Path) -> list[dict]:
             raise DataError(f"{path}: not a readable parquet file ({exc})") from None
         return [_plain(r) for r in frame.to_dict(orient="records")]
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path} line {number}: not valid JSON ({exc.msg}); each line must "
-                                "be one JSON object") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path} line {number}: expected a JSON object, got "
-                                f"{type(row).__name__}")
-            rows.append(row)
+    for number, line in _lines(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} line {number}: not valid JSON ({exc.msg}); each line must "
+                            "be one JSON object") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path} line {number}: expected a JSON object, got "
+                            f"{type(row).__name__}")
+        rows.append(row)
     return rows
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of a file's non-blank lines; DataError when it is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "save the file as UTF-8") from None
+    return [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
 
 
 def _plain(value):
@@ -400,11 +409,14 @@ def to_example(spec: Benchmark, row: Mapping, index: int, where: str) -> Example
     else:
         try:
             fields = spec.convert(row, index)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
+            # KeyError names the missing field; the others mean a field of the wrong type.
+            problem = (f"field {exc} missing" if isinstance(exc, KeyError)
+                       else f"a field of the wrong type ({exc})")
             raise DataError(
-                f"{where}: field {exc} missing or malformed; a row needs the common schema "
+                f"{where}: {problem}; a row needs the common schema "
                 f"(id, turns, optional category/reference/benchmark) or {spec.name}'s hub schema "
-                f"({', '.join(spec.hub_fields)})"
+                f"({', '.join(spec.hub_fields)}, as text)"
             ) from None
     benchmark = fields.get("benchmark")
     if benchmark not in (None, "", spec.name, spec.part_of):

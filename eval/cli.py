@@ -18,6 +18,7 @@ from eval.runner import Campaign, Protocol
 from eval.summary import SUMMARY_VALUES, summary_text
 from eval.systems import BASELINE, SystemsError, load_systems, select_systems
 from eval.targets import TARGETS, fetch_target
+from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 RUN_EPILOG = f"""benchmarks: {', '.join(BENCHMARKS)}; groups: {', '.join(f'{k} ({len(v)})' for k, v in GROUPS.items())};
 testbed (every suite in DATA_DIR/testbed/) or testbed-<suite>.
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     out.add_argument("--no-progress", action="store_true")
     out.add_argument("--no-summary", action="store_true")
+    add_verbose_flag(out)
 
     summarize = sub.add_parser("summarize", help="print Table-1-style markdown tables of a results file")
     summarize.add_argument("results", help="results file (.csv or .parquet)")
@@ -189,6 +191,11 @@ def fetch_command(args) -> int:
 
 
 def run_command(args) -> int:
+    for flag, value, least in (("--limit", args.limit, 1), ("--max-tokens", args.max_tokens, 1),
+                               ("--warmup-requests", args.warmup_requests, 0),
+                               ("--warmup-tokens", args.warmup_tokens, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} = {value} must be >= {least}")
     variables = {}
     for item in args.var:
         name, sep, value = item.partition("=")
@@ -260,6 +267,7 @@ def distribution_command(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_after_parse(args)  # again for callers of main() other than `python -m eval`
     try:
         if args.command == "run":
             return run_command(args)

@@ -10,7 +10,7 @@ counted no fault. The wall times of the two engines are printed side by side (a 
 in one run), with the preemptions vLLM counted. The result is one tidy row per engine (CSV).
 
     python -m eval.load --target .cache/targets/smollm2-135m-instruct \
-        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round2/drafts \
+        --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round3/drafts \
         --system-name LiLiCorr-greedy --benchmarks pypi --data-dir .cache/benchmarks \
         --out results/load.csv
 """
@@ -32,7 +32,7 @@ from eval.benchmarks import expand_names, load_benchmark
 from eval.prompts import PromptRenderer
 from eval.systems import load_systems
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
-from vllm_liliprop.vllm.offline import OfflineEngine, in_process_drafter, vllm_version
+from vllm_liliprop.vllm.offline import OfflineEngine, vllm_version
 
 TEMPERATURES = (0.0, 0.0, 0.7, 1.0)  # half greedy: those are checked token for token
 MAX_TOKENS = (16, 32, 64, 96)
@@ -88,8 +88,10 @@ def run_requests(target: str, engine_flags: dict, requests: list[LoadRequest], c
         outputs = engine.llm.generate(prompts, params, use_tqdm=True)
         wall_s = time.perf_counter() - start
         metrics = {m.name: m.value for m in engine.llm.get_metrics() if hasattr(m, "value")}
-        drafter = in_process_drafter(engine.llm)
-        faults = getattr(drafter, "num_rule_faults", None) if getattr(drafter, "draft_rule", None) else None
+        # The rule's fallback rows from vLLM's metrics (vllm_liliprop/vllm/rule_health.py), which
+        # a multiprocess engine reports too; None when no rule drafted.
+        ruled = "vllm:liliprop_rule_draft_rows" in metrics
+        faults = int(metrics.get("vllm:liliprop_rule_fallback_rows", 0)) if ruled else None
         counters = engine.counters()
     return EngineRun([list(o.outputs[0].token_ids) for o in outputs],
                      [o.outputs[0].text for o in outputs],

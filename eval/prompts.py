@@ -4,7 +4,9 @@ Truncation rule (SPEED-Bench throughput split, any benchmark alike): a prompt lo
 `max_prompt_tokens` (= the engine's max_model_len minus the generation cap, so the whole generation
 budget fits) loses tokens from the right end of its last user message; the template around it
 (earlier turns, the assistant header that opens the answer) is kept. Shorter prompts are left
-unchanged. If the kept template alone is too long, the ids are cut at the limit.
+unchanged. If the kept template alone is too long (a later turn of a conversation whose history
+fills the limit), the prompt keeps its newest `max_prompt_tokens` tokens instead: the last user
+turn and the assistant header stay, so the model still answers that turn.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ class PromptRenderer:
         head = self._encode(text[:at])
         tail = self._encode(text[at + len(content):])
         keep = limit - len(head) - len(tail)
-        if keep <= 0:
-            return ids[:limit]
+        if keep <= 0:  # the history alone is too long: drop its oldest tokens instead
+            return ids[-limit:]
         return head + self._encode(content)[:keep] + tail
 
     def template(self, messages: list[dict[str, str]]) -> str:

@@ -30,7 +30,8 @@ from tqdm import tqdm
 from eval.benchmarks import Benchmark, Example, measurement_groups
 from eval.machine import machine_record
 from eval.metrics import run_metrics, speedup
-from eval.prompts import PromptRenderer
+from eval.paired import CheckedReference, checked_reference
+from eval.prompts import RAW, PromptRenderer
 from eval.results import ResultsFile, git_revision, new_run_id, now
 from eval.systems import BASELINE, System, checkpoint_hash
 
@@ -107,6 +108,7 @@ class Campaign:
         unknown = [s for s in self.stage_systems if s not in {x.name for x in self.systems}]
         if unknown:
             raise ValueError(f"--stages names system(s) {unknown} that are not in the run")
+        self._check_single_turn()
         shared = {
             "run_id": self.run_id,
             "git_rev": git_revision(),
@@ -131,6 +133,18 @@ class Campaign:
         for m in out:
             m.template = self._template(m, shared)
         return out
+
+    def _check_single_turn(self) -> None:
+        """Raw prompts have no template to carry a conversation: refuse a multi-turn one before
+        any engine starts, rather than after its first turn was generated."""
+        if self.protocol.prompt_format != RAW:
+            return
+        for spec, examples in self.benchmarks:
+            multi = [e.id for e in examples if len(e.turns) > 1]
+            if multi:
+                raise ValueError(f"--prompt-format raw takes single-turn prompts only, but {spec.name} "
+                                 f"has {len(multi)} multi-turn conversation(s) (first: id {multi[0]!r}); "
+                                 "use --prompt-format chat or leave that benchmark out")
 
     def _measurements(self, kind, system, c, benchmarks, temperatures, seeds_for):
         out = []
@@ -200,13 +214,10 @@ class Campaign:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "
                                             f"T={m.temperature:g} s={m.seed}")
-                        truncated = render.num_truncated
-                        ar = paired.measure(m) if paired and m.kind == "run" and not m.system.is_baseline else None
+                        ar = (paired.measure(m, self.results.job_rates(m.template, BASELINE))
+                              if paired and m.kind == "run" and not m.system.is_baseline else None)
                         rows = self._measure(engine, render, m, offline, ar)
-                        if render.num_truncated > truncated:
-                            self.log(f"{m.benchmark.name}{'/' + m.category if m.category else ''}: "
-                                     f"{render.num_truncated - truncated} prompt(s) right-truncated "
-                                     f"to {limit} tokens")
+                        self._log_truncated(m, rows[-1]["num_truncated"], render.max_prompt_tokens)
                         for row in rows:
                             self.results.append(row)
                         written += len(rows)
@@ -217,6 +228,12 @@ class Campaign:
                 paired.close()
         return written
 
+    def _log_truncated(self, m: Measurement, count: int, limit: int | None) -> None:
+        if count:
+            self.log(f"{m.system.name} {m.benchmark.name}{'/' + m.category if m.category else ''}: "
+                     f"{count} prompt(s) right-truncated to {limit} tokens (max_model_len "
+                     f"{limit + self.protocol.max_tokens} - max_tokens {self.protocol.max_tokens})")
+
     def _prompt_limit(self, engine) -> int:
         limit = engine.max_model_len - self.protocol.max_tokens
         if limit <= 0:
@@ -225,8 +242,9 @@ class Campaign:
         return limit
 
     def _warm_and_run(self, engine, render, m: Measurement, offline, stages: bool = False):
-        """The measurement's warm-up batch, then its timed batch: its BatchResult and, with
-        `stages`, the StageTimes of that batch."""
+        """The measurement's warm-up batch, then its timed batch: its BatchResult, with
+        `stages` the StageTimes of that batch (else None), and how many of the timed batch's
+        prompts (every turn counted) were right-truncated."""
         p = self.protocol
         conversations = [list(e.turns) for e in m.examples]
         seed = m.seed if m.temperature > 0 else None
@@ -236,32 +254,42 @@ class Campaign:
                              offline.Sampling(m.temperature, p.warmup_tokens, seed, p.ignore_eos),
                              max_turns=1)
         sampling = offline.Sampling(m.temperature, p.max_tokens, seed, p.ignore_eos)
+        # The renderer counts every prompt it cut; the warm-up's cuts are not the row's.
+        before = render.num_truncated
         if not stages:
-            return engine.run_batch(conversations, render, sampling), None
+            return engine.run_batch(conversations, render, sampling), None, render.num_truncated - before
         with engine.stage_timer() as times:
-            return engine.run_batch(conversations, render, sampling), times
+            result = engine.run_batch(conversations, render, sampling)
+        return result, times, render.num_truncated - before
 
-    def _measure(self, engine, render, m: Measurement, offline, paired_ar=None) -> list[dict]:
-        """The rows of one measurement. paired_ar: AR's BatchResult on the same prompts just
-        before (--paired), the speedup's reference; otherwise AR's row in the results file."""
+    def _measure(self, engine, render, m: Measurement, offline,
+                 paired_ar: CheckedReference | None = None) -> list[dict]:
+        """The rows of one measurement. paired_ar: AR's run on the same prompts just before
+        (--paired, checked by eval.paired), the speedup's reference; otherwise AR's row in the
+        results file."""
         base = {**m.template, "num_prompts": len(m.examples), "timestamp": now()}
         if m.kind == "run":
-            result, _ = self._warm_and_run(engine, render, m, offline)
-            row = {**base, **run_metrics(result.counters, result.output_tokens, result.wall_s),
+            result, _, truncated = self._warm_and_run(engine, render, m, offline)
+            row = {**base, "num_truncated": truncated,
+                   **run_metrics(result.counters, result.output_tokens, result.wall_s),
                    "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes),
-                   "paired_ar_output_tokens": math.nan, "paired_ar_wall_s": math.nan}
+                   "paired_ar_output_tokens": math.nan, "paired_ar_wall_s": math.nan,
+                   "paired_ar_retries": math.nan, "paired_ar_outlier": math.nan}
             if m.system.name == BASELINE:
                 baseline = row["tokens_per_s"]
             elif paired_ar is not None:
-                row["paired_ar_output_tokens"] = paired_ar.output_tokens
-                row["paired_ar_wall_s"] = paired_ar.wall_s
-                baseline = paired_ar.output_tokens / paired_ar.wall_s if paired_ar.wall_s > 0 else None
+                row.update(paired_ar_output_tokens=paired_ar.result.output_tokens,
+                           paired_ar_wall_s=paired_ar.result.wall_s, paired_ar_retries=paired_ar.retries,
+                           paired_ar_outlier=int(paired_ar.outlier))
+                # An outlier reference's ratio says more about the stall than the system: unused.
+                baseline = None if paired_ar.outlier else paired_ar.tokens_per_s
             else:
                 baseline = self.results.baseline_tokens_per_s(row, BASELINE)
             row["speedup"] = speedup(row["tokens_per_s"], baseline)
             return [row]
-        result, times = self._warm_and_run(engine, render, m, offline, stages=True)
-        metrics = run_metrics(result.counters, result.output_tokens, result.wall_s)
+        result, times, truncated = self._warm_and_run(engine, render, m, offline, stages=True)
+        metrics = {"num_truncated": truncated,
+                   **run_metrics(result.counters, result.output_tokens, result.wall_s)}
         stages = times.per_step_ms()
         # "step wall" last: its row marks the measurement as finished for resume.
         names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
@@ -292,10 +320,21 @@ class _PairedBaseline:
         self.render = self.campaign.renderer(self.campaign._prompt_limit(self.engine))
         self.concurrency = concurrency
 
-    def measure(self, m: Measurement):
+    def measure(self, m: Measurement, job_rates: list[float]) -> CheckedReference:
+        """AR on m's prompts, measured again (eval.paired) while an outlier against job_rates."""
         self.open(m.concurrency)
-        result, _ = self.campaign._warm_and_run(self.engine, self.render, m, self.offline)
-        return result
+
+        def once():
+            return self.campaign._warm_and_run(self.engine, self.render, m, self.offline)[0]
+
+        checked = checked_reference(once, job_rates)
+        if checked.retries:
+            median = sorted(job_rates)[len(job_rates) // 2]
+            self.campaign.log(f"paired AR reference for {m.system.name} on {m.benchmark.name}: measured "
+                              f"{checked.retries + 1} times (job's AR median about {median:.0f} tok/s, last "
+                              f"{checked.tokens_per_s:.0f})" + ("; still an outlier, speedup not used"
+                                                                 if checked.outlier else ""))
+        return checked
 
     def close(self) -> None:
         if self.engine is not None:

@@ -22,6 +22,8 @@ KEY_COLUMNS = [
 
 METRIC_COLUMNS = [
     "num_prompts",
+    "num_truncated",       # prompts of the timed batch (every turn counted) longer than
+                           # max_model_len - max_tokens, right-truncated (eval/prompts.py)
     "num_drafts",
     "num_draft_tokens",
     "num_accepted_tokens",
@@ -34,6 +36,9 @@ METRIC_COLUMNS = [
                            # of AR's run on the same prompts just before this one)
     "paired_ar_output_tokens",  # --paired: output tokens and wall time of that AR run (NaN
     "paired_ar_wall_s",         # otherwise, and for AR itself)
+    "paired_ar_retries",   # --paired: times that AR run was measured again, its tokens/s an
+                           # outlier against the job's AR runs (eval/paired.py)
+    "paired_ar_outlier",   # 1: still an outlier after the retries, speedup NaN (not used); 0: fine
     "stage_ms",            # per-step milliseconds for kind == "stage", NaN otherwise
     "output_hashes",       # JSON list: per prompt, a fingerprint of its generated token ids (all
                            # turns); at T = 0 equal to AR's = the system reproduced plain decoding
@@ -58,4 +63,5 @@ PROVENANCE_COLUMNS = [
 
 ALL_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS
 # Columns added after results files were first written: a file without them reads as NaN there.
-LATER_COLUMNS = ["paired_ar_output_tokens", "paired_ar_wall_s", "machine"]
+LATER_COLUMNS = ["paired_ar_output_tokens", "paired_ar_wall_s", "machine", "paired_ar_retries",
+                 "paired_ar_outlier", "num_truncated"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from eval.results import json_object
+from eval.truncation import truncation_markdown
 from plots.io import load_results
+from plots.paired import reference_notes
 from plots.tables import lossless_markdown, markdown_table, render_markdown, stage_table
 
 SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
@@ -14,18 +16,34 @@ SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
 def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
                  lossless_path: str | Path | None = None) -> str:
     """One table per metric (rows benchmark [x setting], columns system, best per row in bold),
-    then the greedy-output check against AR and the stage decomposition when the file has
-    stage rows. lossless_path: take the greedy-output check from that results file instead (a
-    separate fp32 run, when the timed run is bf16 and CPU bf16 verification rounds differently)."""
+    then the greedy-output check against AR, the rows with truncated prompts and the stage
+    decomposition when the file has stage rows. lossless_path: take the greedy-output check
+    from that results file instead (a separate fp32 run, when the timed run is bf16 and CPU bf16
+    verification rounds differently). ValueError naming the file for a value it cannot read."""
+    try:
+        return _summary(path, values, lossless_path)
+    except ValueError as exc:  # a value of the file that the tables cannot read: name the file
+        if str(path) in str(exc):
+            raise
+        raise ValueError(f"results file {path}: {exc}") from exc
+
+
+def _summary(path, values, lossless_path) -> str:
     results = load_results(path)
     parts = []
     if (results["kind"] == "run").any():
         for value in values:
             parts.append(f"### {value}\n\n{markdown_table(results, value=value)}")
+        notes = reference_notes(results)
+        if notes:
+            parts.append("### paired AR references\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     checked = results if lossless_path is None else load_results(lossless_path)
     lossless = lossless_markdown(checked)
     if lossless:
         parts.append(f"### greedy output identical to AR (prompts{_dtype_note(checked)})\n\n{lossless}")
+    truncated = truncation_markdown(results)
+    if truncated:
+        parts.append(truncated)
     if (results["kind"] == "stage").any():
         parts.append(f"### stages (ms per step)\n\n{render_markdown(stage_table(results))}")
     # Files written before the column existed have none.
@@ -37,7 +55,10 @@ def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
 
 def _machine_line(record: str) -> str:
     """'<cpu>, <n> cores, <isa>' from the machine column (eval/machine.py)."""
-    machine = json.loads(record)
+    machine = json_object(record, "machine")
+    if not {"cpu", "cores", "isa"} <= set(machine):
+        raise ValueError(f"column 'machine' holds {record[:60]!r}; expected eval's record with cpu, "
+                         "cores and isa")
     isa = "AMX" if "amx_bf16" in machine["isa"] else "no AMX (" + ", ".join(machine["isa"]) + ")"
     # Rows written before the measured ratio was recorded lack it.
     speed = f"bf16 {machine['bf16_speedup']:g}x fp32" if machine.get("bf16_speedup") else ""
@@ -46,5 +67,6 @@ def _machine_line(record: str) -> str:
 
 def _dtype_note(results) -> str:
     """", dtype X" when every run row of the file shares one engine dtype."""
-    dtypes = {json.loads(flags or "{}").get("dtype", "auto") for flags in results["engine_flags"].fillna("")}
+    dtypes = {str(json_object(flags, "engine_flags").get("dtype", "auto"))
+              for flags in results["engine_flags"].fillna("")}
     return f", {dtypes.pop()}" if len(dtypes) == 1 else ""

@@ -20,7 +20,7 @@ Entry fields: `speculative_config` (passed to vLLM as is; absent or null = plain
 change speed are shared by every system and set once on the command line, so an entry that tries
 to set one is refused. "AR" is the baseline that speedups are measured against; it must not
 speculate. `${name}` in any string is replaced by `--var name=value` (a whole-string placeholder
-whose value parses as JSON, e.g. a number, takes that value).
+whose value is a finite JSON number takes that number; anything else stays text).
 """
 
 from __future__ import annotations
@@ -140,7 +140,10 @@ def substitute(value: Any, variables: dict[str, str], where: str) -> Any:
             parsed = json.loads(text)
         except json.JSONDecodeError:
             return text
-        return parsed if isinstance(parsed, (int, float)) else text
+        # A number only when it is one a user means: not true/false (bools are ints to Python)
+        # nor NaN / Infinity / 1e999, which JSON readers accept and no setting wants.
+        is_number = type(parsed) in (int, float) and math.isfinite(parsed)
+        return parsed if is_number else text
     return _VAR.sub(lookup, value)
 
 

@@ -6,6 +6,7 @@ import sys
 import matplotlib
 
 from plots import ablations, paper_tables
+from plots.campaign import write_campaign_figure
 from plots.io import load_results
 from plots.records import load_dels_weights, load_training_cost
 from plots.report import write_all
@@ -56,9 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--ablations", metavar="SPEC",
                        help="ablation spec (JSON, plots/ablations.py) for --kind ablations, e.g. "
                             "testbed/smollm2/ablations.json")
+    campaign = commands.add_parser("campaign", help="the DFlash campaign's learning curve from its table",
+                                   description="Held-out tau against sequences trained on and against "
+                                               "distinct conversations (campaign.csv of a build).")
+    campaign.add_argument("--csv", required=True, help="campaign table (training.build_stages.campaign_table)")
+    campaign.add_argument("--out", required=True, help="output folder")
     args = parser.parse_args(argv)
 
     try:
+        if args.command == "campaign":
+            print("wrote " + ", ".join(map(str, write_campaign_figure(args.csv, args.out))))
+            return 0
         df = load_results(args.results)
         if args.command == "all":
             pairs = _parse_pairs(args.decode_pair)

@@ -82,7 +82,7 @@ def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
         df[column] = _numeric(df[column], column, source).astype("float64")
     for column in INT_COLUMNS:
         values = _numeric(df[column], column, source)
-        bad = values.isna() | (values != values.round())
+        bad = values.isna() | ~np.isfinite(values) | (values != values.round())
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{source} column {column!r} needs whole numbers; row {row} holds {df[column].iloc[row]!r}")

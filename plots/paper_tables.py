@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from plots.select import main_setting, ordered_unique, system_order
+from plots.table_intervals import INTERVAL_VALUES, NOTE, pooled_interval
 from plots.tables import LABEL_HEADERS, Table, TableRow, fixed_setting_runs, format_label, pooled_value
 
 NEEDED = ["kind", "system", "benchmark", "category", "temperature", "concurrency", "input_len", "seed",
@@ -76,6 +77,17 @@ def cell(rows: pd.DataFrame, system: str, value: str) -> float:
     """Mean over seeds of the pooled per-seed value (NaN without data)."""
     values = [v for v in seed_values(rows, system, value) if not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
+
+
+def _shown(rows: pd.DataFrame, system: str, metric: str, value: float) -> str:
+    """A cell's text: tau and speedup with their 95% interval over the cell's rows (pooled, as
+    the cell; plots.table_intervals), tokens/s as it is."""
+    if metric not in INTERVAL_VALUES or math.isnan(value) or _is_baseline(system):  # AR: 1 by definition
+        return _fmt(value, metric)
+    mine = rows[rows["system"] == system]
+    base = rows[[_is_baseline(s) for s in rows["system"]]]
+    iv = pooled_interval(mine, metric, base if len(base) else None, point=value)
+    return iv.text(2, "×" if metric == "speedup" else "")
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -193,7 +205,8 @@ def concurrency_table(df: pd.DataFrame, value: str = "speedup", kv_cache_tokens:
         for system, tier, metric in columns:
             part = group if tier == ALL_TIERS else group[group["category"] == tier]
             values.append(cell(part, system, metric) if len(part) else math.nan)
-        texts = [_fmt(v, m) for v, (_, _, m) in zip(values, columns)]
+        texts = [_shown(group if t == ALL_TIERS else group[group["category"] == t], sy, m, v)
+                 for v, (sy, t, m) in zip(values, columns)]
         out.append(TableRow(_label_cells(labels, key, row_flags(group, kv_cache_tokens)), values, cells=texts))
     header = [_column_name(s, t, m) for s, t, m in columns]
     groups = [None if m == "tokens_per_s" else t for _, t, m in columns]
@@ -201,7 +214,7 @@ def concurrency_table(df: pd.DataFrame, value: str = "speedup", kv_cache_tokens:
     what = {"speedup": "speedup over AR (at the same c)", "tau": "acceptance length τ"}.get(value, value)
     table.caption = (f"{what} per system and tier as concurrency c grows; best per tier and row in bold"
                      + ("; AR in tokens/s" if value == "speedup" else ""))
-    table.notes = [POOLING_NOTE]
+    table.notes = [POOLING_NOTE, NOTE]
     if pooled_tier:
         table.notes.append(f"{ALL_TIERS}: every prompt of the tiers at once (block-weighted), not the "
                            "mean of the tier columns.")
@@ -231,14 +244,14 @@ def concurrency_detail_table(df: pd.DataFrame, kv_cache_tokens: int | None = Non
         for system in systems:
             tau, tps, speedup = (cell(group, system, m) for m in ("tau", "tokens_per_s", "speedup"))
             values.append(speedup)
-            parts = [_fmt(tps, "tokens_per_s"), _fmt(speedup, "speedup")]
-            texts.append(" / ".join(parts if _is_baseline(system) else [_fmt(tau, "tau")] + parts))
+            parts = [_fmt(tps, "tokens_per_s"), _shown(group, system, "speedup", speedup)]
+            texts.append(" / ".join(parts if _is_baseline(system) else [_shown(group, system, "tau", tau)] + parts))
         out.append(TableRow(_label_cells(labels, key, row_flags(group, kv_cache_tokens)), values, cells=texts))
     header = [f"{s} (tok/s / Sp.)" if _is_baseline(s) else f"{s} (τ / tok/s / Sp.)" for s in systems]
     table = Table([{"category": "Tier"}.get(c, LABEL_HEADERS.get(c, c)) for c in labels], header, out, 2)
     table.caption = ("acceptance length τ / output tokens/s / speedup over AR at the same concurrency; "
                      "highest speedup per row in bold")
-    table.notes = [POOLING_NOTE, flag_note(kv_cache_tokens)]
+    table.notes = [POOLING_NOTE, NOTE, flag_note(kv_cache_tokens)]
     return table
 
 
@@ -263,19 +276,20 @@ def category_table(df: pd.DataFrame) -> Table:
             taus = [cell(part, s, "tau") for s in systems]
             rates = [cell(part, s, "tokens_per_s") for s in systems]
             per_category.append((taus, rates))
-            out.append(_tau_rate_row(shown + [category], systems, taus, rates))
+            out.append(_tau_rate_row(shown + [category], systems, taus, rates, part))
         with np.errstate(all="ignore"):
             mean_tau = [float(np.mean(col)) for col in np.array([t for t, _ in per_category]).T]
             mean_rate = [float(np.mean(col)) for col in np.array([r for _, r in per_category]).T]
         out.append(_tau_rate_row(shown + [UNWEIGHTED], systems, mean_tau, mean_rate, rule_above=True))
+        # (its tau has no interval of its own: the categories above carry theirs)
         out.append(_tau_rate_row(shown + [POOLED], systems, [cell(group, s, "tau") for s in systems],
-                                 [cell(group, s, "tokens_per_s") for s in systems]))
+                                 [cell(group, s, "tokens_per_s") for s in systems], group))
     header = [LABEL_HEADERS.get(c, c) for c in group_labels] + ["Category"]
     table = Table(header, [f"{s} (tok/s)" if _is_baseline(s) else f"{s} (τ / tok/s)" for s in systems],
                   out, 2)
     table.caption = ("per-category acceptance length τ / output tokens/s at each benchmark's main setting "
                      "(lowest concurrency and input length); highest τ per row in bold")
-    table.notes = [POOLING_NOTE,
+    table.notes = [POOLING_NOTE, NOTE,
                    f"{UNWEIGHTED}: the plain mean of the category rows above it, each category weighing "
                    "the same.",
                    f"{POOLED}: every prompt of the benchmark's categories at once (block-weighted τ, "
@@ -284,11 +298,13 @@ def category_table(df: pd.DataFrame) -> Table:
 
 
 def _tau_rate_row(labels: list[str], systems: list[str], taus: list[float], rates: list[float],
-                  rule_above: bool = False) -> TableRow:
-    """τ / tokens/s per system; AR does not speculate, so its τ is a dash and never bold."""
+                  rows: pd.DataFrame | None = None, rule_above: bool = False) -> TableRow:
+    """τ / tokens/s per system; AR does not speculate, so its τ is a dash and never bold. rows:
+    the cell's rows, for τ's interval (none on the unweighted mean over categories)."""
     taus = [math.nan if _is_baseline(s) else t for s, t in zip(systems, taus)]
-    texts = [_fmt(r, "tokens_per_s") if _is_baseline(s) else f"{_fmt(t, 'tau')} / {_fmt(r, 'tokens_per_s')}"
-             for s, t, r in zip(systems, taus, rates)]
+    tau_text = [_fmt(t, "tau") if rows is None else _shown(rows, s, "tau", t) for s, t in zip(systems, taus)]
+    texts = [_fmt(r, "tokens_per_s") if _is_baseline(s) else f"{tt} / {_fmt(r, 'tokens_per_s')}"
+             for s, tt, r in zip(systems, tau_text, rates)]
     return TableRow(labels, taus, cells=texts, rule_above=rule_above)
 
 

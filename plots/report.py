@@ -21,6 +21,7 @@ from plots.figures.dels import SWEEP_KEYS, dels_heatmap, sweep_grid
 from plots.figures.speedup import speedup_bars
 from plots.figures.stages import stage_bars
 from plots.io import validate_results
+from plots.paired import reference_notes, without_outlier_speedups
 from plots.select import describe, main_setting, run_rows, split_by, split_sweeps, stage_rows, system_order
 from plots.style import save_figure, system_colors
 from plots.paper_tables import (category_table, concurrency_detail_table, concurrency_table, seed_table,
@@ -73,6 +74,8 @@ def write_all(df: pd.DataFrame, out_dir: str | Path, decode_pairs: dict[str, str
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report()
+    report.notes += reference_notes(df)
+    df = without_outlier_speedups(df)  # figures too: a row with an outlier reference has no speedup
     runs, stages = run_rows(df), stage_rows(df)
     fixed, sweep = split_sweeps(runs)
     main = main_setting(runs)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from plots.intervals import mean_interval
+
 BASELINE_SYSTEM = "AR"
 # Stage names that measure the whole step rather than one part of it (drawn as a
 # marker, not stacked, so the bar does not count the step twice).
@@ -120,6 +122,20 @@ def seed_mean(rows: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
     per_seed = rows.groupby(by + ["seed"], sort=False)[value].mean().reset_index()
     out = per_seed.groupby(by, sort=False)[value].agg(["mean", "std", "count"]).reset_index()
     return out.rename(columns={"mean": value, "std": f"{value}_std", "count": "n_seeds"})
+
+
+def interval_errors(rows: pd.DataFrame, by: list[str], value: str, cells: pd.DataFrame) -> np.ndarray:
+    """Error bars [2, len(cells)] for seed_mean's cells: the distance from each cell's value down
+    and up to its 95% bootstrap interval over its rows (plots.intervals); 0 (no bar) where a cell
+    has one row."""
+    rows = rows[rows[value].notna()]
+    groups = {k if isinstance(k, tuple) else (k,): g[value] for k, g in rows.groupby(by, sort=False)}
+    out = np.zeros((2, len(cells)))
+    for i, (_, c) in enumerate(cells.iterrows()):
+        iv = mean_interval(groups.get(tuple(c[by]), []), point=c[value])
+        if not np.isnan(iv.low):
+            out[:, i] = [max(iv.point - iv.low, 0.0), max(iv.high - iv.point, 0.0)]
+    return out
 
 
 def mean_accept_per_pos(rows: pd.DataFrame) -> np.ndarray:

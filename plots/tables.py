@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from plots.intervals import mean_interval
+from plots.paired import without_outlier_speedups
 from plots.select import (
     Selection,
     ordered_unique,
@@ -24,6 +26,7 @@ from plots.select import (
     system_order,
     target_label,
 )
+from plots.table_intervals import INTERVAL_VALUES, NOTE, cell_interval, pooled_interval
 
 # metric -> (caption name, decimals, unit suffix, direction of "best")
 METRICS = {
@@ -118,7 +121,7 @@ def fixed_setting_runs(df: pd.DataFrame, columns: list[str], where: str) -> Sele
     """The run rows outside any (dels_alpha, dels_beta) sweep, partial benchmarks labelled; a
     ValueError naming `where` when the columns are missing or no such row exists."""
     require_columns(df, columns, where)
-    runs = run_rows(label_partial_benchmarks(df))
+    runs = run_rows(without_outlier_speedups(label_partial_benchmarks(df)))
     if runs.empty:
         raise ValueError("results have no rows with kind == 'run' to tabulate; run `python -m eval run` first")
     fixed, _ = split_sweeps(runs)
@@ -139,7 +142,43 @@ def results_table(df: pd.DataFrame, value: str = "tau", rows: list[str] | None =
     if "benchmark" in labels:
         add_average_rows(table, labels.index("benchmark"))
         add_pooled_rows(table, fixed.rows, value, labels, labels.index("benchmark"))
+    if value in INTERVAL_VALUES:
+        add_intervals(table, fixed.rows, value, labels)
     return table
+
+
+def add_intervals(table: Table, rows: pd.DataFrame, value: str, labels: list[str]) -> None:
+    """Every cell's text with its 95% interval (plots.table_intervals): a cell over its rows, an
+    Average over the benchmark cells above it, a pooled row over every row of its group."""
+    bench = labels.index("benchmark") if "benchmark" in labels else None
+    above: dict[tuple, list[TableRow]] = {}  # other labels -> the benchmark rows of that group
+    for row in table.rows:
+        kind = row.labels[bench] if bench is not None else ""
+        other = tuple(v for i, v in enumerate(row.labels) if i != bench)
+        if kind == "Average":
+            members = above.get(other, [])
+            ivs = [mean_interval([m.values[i] for m in members], point=v) for i, v in enumerate(row.values)]
+        elif kind == POOLED:
+            group = _matching(rows, [c for i, c in enumerate(labels) if i != bench], list(other))
+            ar = group[group["system"] == "AR"]
+            ivs = [pooled_interval(group[group["system"] == s], value, ar if len(ar) else None, point=v)
+                   for s, v in zip(table.value_header, row.values)]
+        else:
+            above.setdefault(other, []).append(row)
+            data = _matching(rows, labels, row.labels)
+            ivs = [cell_interval(data[data["system"] == s], value, v) for s, v in zip(table.value_header, row.values)]
+        # AR's tau and speedup are 1 by definition: no interval to show.
+        row.cells = [table.cell_text(iv.point) + table.unit if s == "AR" and not math.isnan(iv.point)
+                     else iv.text(table.digits, table.unit) for s, iv in zip(table.value_header, ivs)]
+    table.notes.append(NOTE)
+
+
+def _matching(rows: pd.DataFrame, columns: list[str], shown: list[str]) -> pd.DataFrame:
+    """The rows whose labels, as a table shows them, are `shown`."""
+    keep = np.ones(len(rows), dtype=bool)
+    for column, text in zip(columns, shown):
+        keep &= np.array([format_label(column, v) == text for v in rows[column]], dtype=bool)
+    return rows[keep]
 
 
 def stage_table(df: pd.DataFrame, digits: int = 2) -> Table:
@@ -257,6 +296,8 @@ def pooled_value(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None) 
         if drafts > 0:
             return 1.0 + _total(rows, "num_accepted_tokens") / drafts
         return 1.0 if bool((rows["tau"] == 1.0).all()) else math.nan  # AR; else no counters
+    if value == "speedup" and "speedup_excluded" in rows.columns:
+        rows = rows[~rows["speedup_excluded"].astype(bool)]  # outlier references (plots.paired)
     if value in ("tokens_per_s", "speedup") and _total(rows, "wall_s") > 0:
         rate = _total(rows, "output_tokens") / _total(rows, "wall_s")
         if value == "tokens_per_s":
@@ -448,7 +489,7 @@ def lossless_counts(df: pd.DataFrame, baseline: str = "AR") -> pd.DataFrame:
     keys = LOSSLESS_MATCH + [c for c in LOSSLESS_OPTIONAL if c in df.columns]
     runs = run_rows(label_partial_benchmarks(df))
     runs = runs[runs["temperature"] == 0]
-    hashes = [json.loads(h) if isinstance(h, str) and h.strip() else [] for h in runs["output_hashes"]]
+    hashes = [_hash_list(h) for h in runs["output_hashes"]]
     runs = runs.assign(_hashes=hashes)
     base = {tuple(r[k] for k in keys): r["_hashes"] for _, r in runs[runs["system"] == baseline].iterrows()}
     out = []
@@ -459,6 +500,20 @@ def lossless_counts(df: pd.DataFrame, baseline: str = "AR") -> pd.DataFrame:
         out.append({"system": r["system"], "benchmark": r["benchmark"], "concurrency": int(r["concurrency"]),
                     "identical": sum(a == b for a, b in zip(ref, r["_hashes"])), "prompts": len(ref)})
     return pd.DataFrame(out, columns=["system", "benchmark", "concurrency", "identical", "prompts"])
+
+
+def _hash_list(cell) -> list:
+    """One output_hashes cell (a JSON list; empty or missing: none) -> list."""
+    if not isinstance(cell, str) or not cell.strip():
+        return []
+    try:
+        hashes = json.loads(cell)
+    except ValueError:
+        hashes = None
+    if not isinstance(hashes, list):
+        raise ValueError(f"results column 'output_hashes' holds {cell[:60]!r}; expected a JSON list "
+                         "of fingerprints")
+    return hashes
 
 
 def lossless_markdown(df: pd.DataFrame, baseline: str = "AR") -> str:

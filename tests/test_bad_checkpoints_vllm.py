@@ -1,6 +1,6 @@
 """Bad drafter weight files, which vLLM's own loader reads, in real engines: the engine must stop
 at start, never serve, with a message that names the file or the tensor (vllm_liliprop/
-draft_files.py; recorded in README.md, "Bad checkpoints"), where vLLM's own names neither.
+draft_files.py; recorded in docs/serving.md, "Bad checkpoints"), where vLLM's own names neither.
 
 The plugin's own load path (options, LiLiCorr head fields and values, DeLS heads) is covered
 without engines in tests/test_bad_checkpoints.py.

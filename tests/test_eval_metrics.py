@@ -109,3 +109,22 @@ def test_results_file_refuses_other_suffix_and_other_schema(tmp_path):
     (tmp_path / "old.csv").write_text("kind,system\nrun,AR\n")
     with pytest.raises(ValueError, match="lacks column"):
         ResultsFile(tmp_path / "old.csv")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_file_from_before_the_later_columns_keeps_every_row_when_appended_to(tmp_path, suffix):
+    from eval.schema import LATER_COLUMNS
+
+    path = tmp_path / f"old{suffix}"
+    old = pd.DataFrame([{**_row("AR", 80.0), "accept_per_pos": "[]"}]).drop(columns=LATER_COLUMNS)
+    old.to_csv(path, index=False) if suffix == ".csv" else old.astype(str).to_parquet(path)
+    results = ResultsFile(path)
+    assert results.has(_row("AR", 80.0))
+    results.append(_row("DFlash", 120.0, num_truncated=2))
+    frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+    # Appending a longer row under the old header would shift its fields: the file is rewritten
+    # under today's header, the old row's new columns empty.
+    assert list(frame.columns) == ALL_COLUMNS
+    assert list(frame["system"]) == ["AR", "DFlash"] and list(frame["tokens_per_s"].astype(float)) == [80.0, 120.0]
+    assert pd.isna(frame["num_truncated"][0]) and int(frame["num_truncated"][1]) == 2
+    assert ResultsFile(path).has(_row("AR", 80.0)) and ResultsFile(path).has(_row("DFlash", 120.0))

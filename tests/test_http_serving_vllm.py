@@ -144,7 +144,8 @@ def test_openai_server_with_lilicorr_draft_matches_plain_decoding(tiny_models, t
     base = f"http://127.0.0.1:{port}"
     # `vllm serve` always runs its engine core in a process of its own; with the flag at 0 the
     # model runs in that process (vLLM's uni executor), one process fewer to start.
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    # INFO level: the test reads the rule's start-up line (the suite's own imports quiet vLLM).
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="INFO")
     with log.open("w") as out:
         proc = subprocess.Popen(serve_command(tiny_models["target"], draft, port), cwd=ROOT,
                                 env=env, stdout=out, stderr=subprocess.STDOUT)

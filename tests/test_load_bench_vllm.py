@@ -1,6 +1,6 @@
 """`python -m eval.load` on the tiny models: mixed requests at concurrency 8 through a KV cache so
 small that vLLM preempts, LiLiCorr draft against plain decoding (the 512-request c = 32 run on the
-real target is the benchmark; its figures are in testbed/smollm2/README.md)."""
+real target is the benchmark; its figures are in docs/measurements-smollm2.md)."""
 
 import json
 

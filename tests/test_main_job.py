@@ -37,7 +37,11 @@ def test_run_sh_evaluates_the_shipped_drafts_and_writes_plots(tmp_path):
     assert set(results.loc[results["kind"] == "stage", "system"]) == {"LiLiCorr-greedy"}
     checked = pd.read_csv(tmp_path / "lossless.csv")
     assert set(checked["system"]) == {"AR", "LiLiCorr-greedy"}
-    assert {json.loads(f)["dtype"] for f in results["engine_flags"]} == {"bfloat16"}
+    from vllm_liliprop.host import fast_dtype
+
+    # The timed pass runs in the dtype this host is fast in (measured again here: same answer
+    # unless the host sits right at the threshold).
+    assert {json.loads(f)["dtype"] for f in results["engine_flags"]} == {fast_dtype()}
     assert {json.loads(f)["dtype"] for f in checked["engine_flags"]} == {"float32"}
     assert "greedy output identical to AR (prompts, float32)" in proc.stdout
     assert "≠" not in proc.stdout.split("greedy output identical to AR")[1]

@@ -364,7 +364,7 @@ def test_markdown_table_bolds_the_best_per_row(results):
     for cells in body:
         values = cells[3:]
         bold = [i for i, v in enumerate(values) if v.startswith("**")]
-        numbers = [float(v.strip("*")) if v.strip("*") not in ("—",) else -1 for v in values]
+        numbers = [_leading_number(v) if v.strip("*") not in ("—",) else -1 for v in values]
         assert bold == [i for i, v in enumerate(numbers) if v == max(numbers)], cells
     mbpp_4b = next(c for c in body if c[:3] == ["Qwen3-4B", "mbpp", "0"])
     assert mbpp_4b[3 + 4].startswith("**") and not mbpp_4b[3 + 2].startswith("**")
@@ -378,18 +378,27 @@ def test_markdown_table_bolds_the_best_per_row(results):
     pooled_4b = next(c for c in body if c[:3] == ["Qwen3-4B", "All prompts (pooled)", "0"])
     cells = rows[(rows.target == Q4) & (rows.temperature == 0) & (rows.system == "DFlash")]
     expected = 1 + cells.num_accepted_tokens.sum() / cells.num_drafts.sum()
-    assert float(pooled_4b[3 + 1].strip("*")) == pytest.approx(expected, abs=0.006)
-    assert pooled_4b[3] == "1.00" and "block-weighted" in text
+    assert _leading_number(pooled_4b[3 + 1]) == pytest.approx(expected, abs=0.006)
+    assert pooled_4b[3] == "1.00" and "block-weighted" in text  # AR: 1 by definition, no interval
+    # Every tau carries its 95% interval, the point inside it (one row: said, not invented).
+    low, high = (float(x) for x in pooled_4b[3 + 1].strip("*").split("[")[1].rstrip("]").split(","))
+    assert low <= expected <= high and low < high
+    assert gsm_8b[3 + 1].endswith("(n=1, no interval)")
     # The throughput benchmark's input length is a property of the benchmark, named in a note.
     assert "speed-throughput_1k (input 1024)" in text and "gsm8k (natural input)" in text
+
+
+def _leading_number(cell: str) -> float:
+    """'**1.18× [1.09, 1.27]**' -> 1.18."""
+    return float(cell.strip("*").split()[0].rstrip("×"))
 
 
 def test_speedup_table_and_latex(results):
     rows = main_setting(run_rows(results)).rows
     md = markdown_table(rows, value="speedup")
-    assert "**3.30×**" in md  # LiLiCorr-greedy, 8B, gsm8k, T=0: 0.8 * 4.5 - 0.3
+    assert "**3.30× (n=1, no interval)**" in md  # LiLiCorr-greedy, 8B, gsm8k, T=0: 0.8 * 4.5 - 0.3
     tex = latex_table(rows, value="speedup")
-    assert r"\textbf{3.30$\times$}" in tex and r"\begin{tabular}{lll" in tex and r"\bottomrule" in tex
+    assert r"\textbf{3.30$\times$ (n=1, no interval)}" in tex and r"\begin{tabular}{lll" in tex and r"\bottomrule" in tex
     assert tex.count(r"\textbf{") == md.count("**") // 2
     assert r"speed-throughput\_1k" in tex
 
@@ -515,7 +524,7 @@ def test_cli_help_and_errors(capsys, tmp_path, results_csv):
                          "--decode-pair", "LiLiCorr-greedy")
     assert code == 2 and "GREEDY_SYSTEM=EXACT_SYSTEM" in err
     code, out, _ = _main(capsys, "table", "--results", str(results_csv), "--value", "speedup", "--format", "tex")
-    assert code == 0 and r"\textbf{3.30$\times$}" in out
+    assert code == 0 and r"\textbf{3.30$\times$ (n=1, no interval)}" in out
 
 
 def test_required_columns_are_in_the_schema():

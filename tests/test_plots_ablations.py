@@ -1,7 +1,7 @@
 """The ablation summary table (plots/ablations.py) from a REAL results file, read back.
 
 tests/data/plots/smollm2_ablations.csv is the unedited output of the served ablations on the
-real target (testbed/smollm2/README.md gives the command); the spec is the shipped one,
+real target (docs/measurements-smollm2.md gives the command); the spec is the shipped one,
 testbed/smollm2/ablations.json. Expected values are recomputed here from the raw counters.
 """
 

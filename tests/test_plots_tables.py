@@ -4,7 +4,7 @@ Sources (nothing here is a hand-made results table):
 - tests/data/plots/smollm2_speed.csv: a real `python -m eval run` of the SmolLM2 testbed on the
   SPEED fixture files (categories, entropy tiers), c = 1, 2 at T = 0 and seeds 42 / 43 / 44 at
   T = 1 (how it was made: tests/data/plots/README.md);
-- the shipped DeLS heads (testbed/smollm2/drafts/dflash/dels, dels_markov) through
+- the shipped DeLS heads (testbed/smollm2/round3/drafts/dflash/dels, dels_markov) through
   `python -m eval heads-table`;
 - testbed/smollm2/manifest.json through `python -m eval training-cost`, and a run record written
   by a real `Trainer.fit`.
@@ -27,7 +27,7 @@ from plots.report import write_all
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO / "tests" / "data" / "plots" / "smollm2_speed.csv"
-HEADS = REPO / "testbed" / "smollm2" / "drafts" / "dflash"
+HEADS = REPO / "testbed" / "smollm2" / "round3" / "drafts" / "dflash"
 MANIFEST = REPO / "testbed" / "smollm2" / "manifest.json"
 KV_TOKENS = 1500  # one 1024-token block + 24 generated tokens fits, two do not
 
@@ -45,7 +45,8 @@ def _table(path: Path) -> list[dict[str, str]]:
 
 
 def _number(text: str) -> float:
-    return float(text.strip().rstrip("×").split(" ")[0])
+    """"1.18× [1.09, 1.27]" or "1.18× (n=1, no interval)" -> 1.18."""
+    return float(text.strip().split(" ")[0].rstrip("×"))
 
 
 @pytest.fixture(scope="module")

@@ -132,6 +132,15 @@ def test_fp32_training_distills_from_a_bf16_target(tmp_path):
     assert result["trainer"].step == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in result["history"])
 
 
+def test_fast_dtype_follows_the_measured_bf16_speed(monkeypatch):
+    import vllm_liliprop.host as host
+
+    for speedup, expected in ((4.3, "bfloat16"), (1.3, "bfloat16"), (0.8, "float32"), (0.01, "float32")):
+        monkeypatch.setattr(host, "cpu_bf16_matmul_speedup", lambda speedup=speedup: speedup)
+        assert host.fast_dtype() == expected
+    assert host.fast_dtype("cuda") == "bfloat16"
+
+
 def test_auto_precision_is_bf16_only_where_it_is_fast(monkeypatch):
     import training.trainer as trainer
 

@@ -14,7 +14,14 @@ import time
 
 import torch
 
-__all__ = ["cpu_model_and_flags", "cpu_bf16_matmul_speedup"]
+__all__ = ["cpu_model_and_flags", "cpu_bf16_matmul_speedup", "BF16_MIN_SPEEDUP", "fast_dtype"]
+
+# bf16 also costs casts (autocast keeps fp32 master weights; vLLM's CPU kernels convert around
+# some ops): below this matmul speed ratio it does not pay. An Intel host without AMX runs bf16
+# matmul at 0.8x fp32 (a SmolLM2 DFlash training step 6.1 s in bf16 autocast against 3.3 s in
+# fp32), an AMD EPYC without AVX512-BF16 at 0.01x (a served DFlash step 139.5 ms in bf16,
+# issue 34), an AMD EPYC with it at 2.3-4x, an Intel host with AMX at 4.3x.
+BF16_MIN_SPEEDUP = 1.3
 
 
 def cpu_model_and_flags(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
@@ -50,3 +57,18 @@ def cpu_bf16_matmul_speedup(size: int = 768, repeats: int = 4) -> float:
         return min(times)
 
     return best_seconds(torch.float32) / best_seconds(torch.bfloat16)
+
+
+def fast_dtype(device_type: str = "cpu") -> str:
+    """The dtype a model runs fastest in here, by measurement: "bfloat16" on CUDA and on a CPU
+    whose bf16 matmul is at least BF16_MIN_SPEEDUP times fp32, else "float32"."""
+    if device_type == "cuda" or cpu_bf16_matmul_speedup() >= BF16_MIN_SPEEDUP:
+        return "bfloat16"
+    return "float32"
+
+
+if __name__ == "__main__":  # python -m vllm_liliprop.host: the serving dtype, for scripts
+    import sys
+
+    print(fast_dtype())
+    print(f"[host] bf16 matmul {cpu_bf16_matmul_speedup():.2f}x fp32 on {cpu_model_and_flags()[0]}", file=sys.stderr)

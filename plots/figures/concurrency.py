@@ -1,10 +1,12 @@
 """Throughput, speedup and tau as serving concurrency grows (paper Table 2 as figures)."""
 
+import warnings
+
 import pandas as pd
 from matplotlib.figure import Figure
 
 from plots.figures.common import NotPlottable, colors_for, figure_legend, require_single
-from plots.select import ordered_unique, seed_mean, system_order, without_baseline
+from plots.select import interval_errors, ordered_unique, seed_mean, system_order, without_baseline
 from plots.style import new_figure, styled
 
 SERIES = ["benchmark", "input_len", "category"]
@@ -42,6 +44,13 @@ def metric_vs_concurrency(runs: pd.DataFrame, metric: str = "tokens_per_s",
     if metric != "tokens_per_s":  # AR's tau and speedup are 1 by definition; a flat line says nothing
         swept = without_baseline(swept)
     cells = seed_mean(swept, SERIES + ["system", "concurrency"], metric)
+    # Error bars: 95% bootstrap interval over each point's rows for tau and speedup (plots.intervals),
+    # the std over seeds for tokens/s.
+    if metric in ("tau", "speedup"):
+        errors = interval_errors(swept, SERIES + ["system", "concurrency"], metric, cells)
+        cells["err_low"], cells["err_high"] = errors[0], errors[1]
+    else:
+        cells["err_low"] = cells["err_high"] = cells[f"{metric}_std"]
     if cells.empty:
         levels = sorted(set(runs["concurrency"]))
         raise NotPlottable(f"no benchmark was run at more than one concurrency (levels present: {levels})")
@@ -62,8 +71,13 @@ def metric_vs_concurrency(runs: pd.DataFrame, metric: str = "tokens_per_s",
                 line = panel[panel["system"] == system].sort_values("concurrency")
                 if line.empty:
                     continue
-                ax.errorbar(line["concurrency"], line[metric], yerr=line[f"{metric}_std"],
-                            marker="o", markersize=3, capsize=2, label=system, color=colors[system])
+                # matplotlib 3.x tests a one-point (2, 1) error array with math.isfinite, which NumPy
+                # deprecates; the bars are right, the warning is matplotlib's.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    ax.errorbar(line["concurrency"], line[metric],
+                                yerr=line[["err_low", "err_high"]].fillna(0.0).to_numpy().T,
+                                marker="o", markersize=3, capsize=2, label=system, color=colors[system])
             if metric == "speedup":
                 ax.axhline(1.0, color="#444444", linestyle="--", linewidth=1, label="AR (1×)")
             levels = sorted(set(panel["concurrency"]))

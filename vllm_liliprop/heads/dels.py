@@ -358,7 +358,10 @@ def check_fusion_weight(value, name: str) -> float | list[float]:
     if not (is_number or is_list):
         raise ValueError(f"{name} = {value!r} must be a number or a non-empty list of numbers "
                          "(one per draft slot)")
-    weights = [float(v) for v in value] if is_list else [float(value)]
+    try:
+        weights = [float(v) for v in value] if is_list else [float(value)]
+    except OverflowError:  # an int past float's range, e.g. 1 followed by 400 zeros
+        weights = [math.inf]
     if not all(math.isfinite(v) for v in weights):
         raise ValueError(f"{name} = {value!r} must be finite; use e.g. 0.3")
     return weights if is_list else weights[0]

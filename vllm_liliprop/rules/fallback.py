@@ -51,47 +51,53 @@ def apply_fallback(inputs: DraftInputs, output: DraftOutput) -> tuple[torch.Tens
 
 
 class FaultCounter:
-    """Number of draft rows that fell back, kept on the device.
+    """Draft rows that fell back, and draft steps with at least one, kept on the device.
 
-    `add(faulty_rows)` never waits for the device. On CUDA the running count is copied to
-    pinned host memory behind an event; a later `add` reads it once the event has completed,
-    so `on_first_fault(count)` fires a step or two after the first fault, never mid-step.
+    `add(faulty_rows)` never waits for the device. On CUDA the running counts are copied to
+    pinned host memory behind an event; a later `add` or `settled()` reads them once the event
+    has completed, so `on_first_fault(count)` fires a step or two after the first fault, never
+    mid-step, and `settled()` (what vLLM's metrics export) lags the device by as much.
     """
 
     def __init__(self, on_first_fault: Callable[[int], None]):
         self._on_first_fault = on_first_fault
-        self._device_count: torch.Tensor | None = None
+        self._device_count: torch.Tensor | None = None  # [rows, steps]
         self._host_copy: torch.Tensor | None = None
         self._copy_done = None
+        self._settled = (0, 0)
         self._reported = False
 
     def add(self, faulty_rows: torch.Tensor) -> None:
         if self._device_count is None:
-            self._device_count = torch.zeros((), dtype=torch.int64, device=faulty_rows.device)
-        self._device_count += faulty_rows.sum()
-        self._poll()
+            self._device_count = torch.zeros(2, dtype=torch.int64, device=faulty_rows.device)
+        faulty = faulty_rows.to(torch.int64)
+        self._device_count += torch.stack([faulty.sum(), faulty.amax() if faulty.numel() else faulty.sum()])
+        if not self._reported:
+            self._report(self.settled()[0])
 
     @property
     def total(self) -> int:
-        """All faults so far. Synchronizes with the device: not for the draft step."""
-        return 0 if self._device_count is None else int(self._device_count)
+        """All faulty rows so far. Synchronizes with the device: not for the draft step."""
+        return 0 if self._device_count is None else int(self._device_count[0])
 
-    def _poll(self) -> None:
-        if self._reported:
-            return
+    def settled(self) -> tuple[int, int]:
+        """(faulty rows, steps with a faulty row) as far as the host has seen them, without
+        waiting: exact off CUDA; on CUDA as of the last completed copy."""
+        if self._device_count is None:
+            return 0, 0
         if self._device_count.device.type != "cuda":
-            self._report(int(self._device_count))  # host memory: reading it waits for nothing
-            return
+            rows, steps = self._device_count.tolist()  # host memory: reading it waits for nothing
+            return int(rows), int(steps)
         if self._copy_done is not None:
             if not self._copy_done.query():
-                return
-            self._report(int(self._host_copy[0]))
-            self._copy_done = None
+                return self._settled
+            self._settled = tuple(int(v) for v in self._host_copy.tolist())
         if self._host_copy is None:
-            self._host_copy = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-        self._host_copy.copy_(self._device_count.view(1), non_blocking=True)
+            self._host_copy = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        self._host_copy.copy_(self._device_count, non_blocking=True)
         self._copy_done = torch.cuda.Event()
         self._copy_done.record()
+        return self._settled
 
     def _report(self, count: int) -> None:
         if count > 0 and not self._reported:

@@ -36,6 +36,7 @@ from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
 from vllm_liliprop.options import ENV_VAR
+from vllm_liliprop.quiet import load_progress
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
 
 # Conversation so far, as chat messages: [{"role": "user" | "assistant", "content": str}, ...].
@@ -174,6 +175,7 @@ class OfflineEngine:
 
     def __enter__(self) -> "OfflineEngine":
         kwargs = llm_kwargs(self.engine_flags)
+        kwargs.setdefault("use_tqdm_on_load", load_progress())  # checkpoint-shard bars: --verbose only
         # The options are read when the proposer is built (in this process or a spawned one that
         # inherits the environment), so they only need to be set while the engine starts.
         with _liliprop_env(self.liliprop_options):

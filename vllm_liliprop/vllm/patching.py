@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Seven patches, each logged once and safe to apply twice:
+Eight patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -32,7 +32,12 @@ Seven patches, each logged once and safe to apply twice:
 7. with method "dflash", vLLM's draft config wrapper (`EAGLEConfig`) renames an architecture X to
    "DFlashX", a model vLLM does not have for X = Qwen3DSparkModel: the DSpark architecture keeps
    its name (as vLLM does for LiLiCorrDraftModel), so `method: "dflash"` with a DSpark
-   checkpoint loads the same model and is served as in 6. Not with V2 forced.
+   checkpoint loads the same model and is served as in 6. Not with V2 forced;
+8. rule health in vLLM's metrics (rule_health.py): the scheduler's `make_stats` adds the draft
+   rules' counts to the step's `SpecDecodingStats` (a subclass with a `rule_health` field, and
+   `SchedulerStats.spec_decoding_stats` annotated with it, so that vLLM's msgpack decoder keeps
+   the field across the engine-core/frontend boundary), and `SpecDecodingProm` registers and
+   increments the `vllm:liliprop_rule_*` counters beside vLLM's spec-decode counters.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 from vllm.logger import init_logger
 
 from vllm_liliprop.options import DSPARK_ARCH, LILICORR_ARCH, env_options
+from vllm_liliprop.vllm import rule_health
 
 logger = init_logger("vllm.liliprop.patching")
 
@@ -199,6 +205,50 @@ def _wrap_bookkeeping_cpu(original: Callable) -> Callable:
     return _bookkeeping_sync
 
 
+def _wrap_make_stats(original: Callable) -> Callable:
+    def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
+        if self.log_stats:
+            spec_decoding_stats = rule_health.with_rule_health(spec_decoding_stats, self.num_spec_tokens)
+        return original(self, spec_decoding_stats, *args, **kwargs)
+
+    return make_stats
+
+
+def _wrap_spec_prom_init(original: Callable) -> Callable:
+    def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
+        original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
+        # Registered with vLLM's own counters, so vLLM's unregister_vllm_metrics ("vllm:"
+        # names) clears them too when the next engine builds its loggers.
+        wanted = self.spec_decoding_enabled and not self.is_diffusion
+        self.liliprop_rule_health = (
+            rule_health.RuleHealthProm(labelnames, per_engine_labelvalues) if wanted else None)
+
+    return __init__
+
+
+def _wrap_spec_prom_observe(original: Callable) -> Callable:
+    def observe(self, spec_decoding_stats, engine_idx: int = 0):
+        original(self, spec_decoding_stats, engine_idx)
+        health = getattr(self, "liliprop_rule_health", None)
+        if health is not None:
+            health.observe(spec_decoding_stats, engine_idx)
+
+    return observe
+
+
+def _annotate_rule_stats() -> None:
+    """SchedulerStats.spec_decoding_stats as the subclass: vLLM's msgpack decoder builds the
+    type the annotation names, and would drop `rule_health` from the base class."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    wanted = rule_health.RuleSpecDecodingStats | None
+    if SchedulerStats.__annotations__.get("spec_decoding_stats") == wanted:
+        return
+    SchedulerStats.__annotations__["spec_decoding_stats"] = wanted
+    SchedulerStats.__dataclass_fields__["spec_decoding_stats"].type = wanted
+    logger.info("vllm-liliprop patched SchedulerStats.spec_decoding_stats (rule health)")
+
+
 def apply_patches() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.worker import gpu_model_runner
@@ -207,6 +257,8 @@ def apply_patches() -> None:
 
     from vllm.config import SpeculativeConfig
     from vllm.transformers_utils.configs.eagle import EAGLEConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
     _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
     _patch_cpu_expand_kernel()
@@ -217,10 +269,14 @@ def apply_patches() -> None:
         # pydantic calls a dataclass's __post_init__ by name, so the wrapper is what runs.
         (SpeculativeConfig, "__post_init__", _wrap_speculative_post_init),
         (EAGLEConfig, "__init__", _wrap_eagle_config_init),
+        (Scheduler, "make_stats", _wrap_make_stats),
+        (SpecDecodingProm, "__init__", _wrap_spec_prom_init),
+        (SpecDecodingProm, "observe", _wrap_spec_prom_observe),
     ):
         current = owner.__dict__[name]
         if getattr(current, _MARK, None) is None:
             _replace(owner, name, wrap(current))
+    _annotate_rule_stats()
 
 
 def _patch_cpu_expand_kernel() -> None:

@@ -37,6 +37,7 @@ from vllm_liliprop.options import DSPARK_ARCH, resolve_options
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
+from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 
 logger = init_logger("vllm.liliprop.proposer")
@@ -99,7 +100,9 @@ class LiliPropProposer(DFlashProposer):
             getattr(spec, "draft_sample_method", None),
         )
         self.draft_rule = None
-        self.num_rule_faults_raised = 0
+        self.num_rule_faults_raised = 0  # rows of the steps in which the rule raised
+        self.num_rule_raises = 0  # those steps
+        self.num_draft_rows = 0  # rows the rule was asked to draft (vLLM's metrics: rule_health)
         self._faulty_rows = FaultCounter(
             lambda count: self._warn_fault(f"produced non-finite scores for {count} request(s)")
         )
@@ -169,6 +172,7 @@ class LiliPropProposer(DFlashProposer):
         self.draft_rule = build_rule(self.liliprop_options, resources)
         self._embedding = embedding
         self._needs_anchor_hidden = bool(getattr(self.draft_rule, "needs_anchor_hidden", False))
+        rule_health.register_source(self)
         logger.info("vllm-liliprop draft rule ready: %s", self.draft_rule.name)
 
     def _markov_weights(self, draft_path: Path) -> dict[str, torch.Tensor] | None:
@@ -259,6 +263,7 @@ class LiliPropProposer(DFlashProposer):
         if self.draft_rule is None:
             return super()._sample_draft_tokens(hidden_states, sampling_metadata)
         batch = self._anchor_ids.shape[0]
+        self.num_draft_rows += batch
         inputs = DraftInputs(
             hidden=hidden_states.view(batch, -1, hidden_states.shape[-1]),
             anchor_ids=self._anchor_ids.long(),
@@ -276,6 +281,7 @@ class LiliPropProposer(DFlashProposer):
             if self.num_rule_faults_raised == 0:
                 self._warn_fault("raised", exc_info=True)
             self.num_rule_faults_raised += batch
+            self.num_rule_raises += 1
             return argmax_drafts(inputs).view(-1), None
         if output.faulty_rows is not None:
             self._faulty_rows.add(output.faulty_rows)
@@ -287,6 +293,14 @@ class LiliPropProposer(DFlashProposer):
     def num_rule_faults(self) -> int:
         """Rows drafted by the fallback so far. Reads a device counter: not for the hot path."""
         return self.num_rule_faults_raised + self._faulty_rows.total
+
+    def rule_health(self) -> tuple[str, int, int, int]:
+        """(rule, draft rows, fallback rows, faulty steps) so far, for vLLM's metrics
+        (rule_health.py). Never waits for the device: on CUDA the fallback rows of the last
+        step or two may not be in yet."""
+        rows, steps = self._faulty_rows.settled()
+        return (self.draft_rule.name, self.num_draft_rows, self.num_rule_faults_raised + rows,
+                self.num_rule_raises + steps)
 
     def _warn_fault(self, what: str, exc_info: bool = False) -> None:
         logger.warning(

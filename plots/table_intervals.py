@@ -1,0 +1,63 @@
+"""The 95% interval of each kind of table value, from the result rows behind it (plots.intervals).
+
+- a cell (a mean of per-row values, e.g. each prompt's paired speedup): the mean, rows resampled;
+- an average over benchmarks: the mean of the averaged cells, cells resampled;
+- a pooled value: tau = 1 + sum accepted / sum drafts (per-prompt tau weighted by drafts),
+  speedup = pooled tokens/s over the rows' own AR references' pooled tokens/s, rows resampled
+  with their references (the paired AR run, else AR's row on the same setting and seed).
+Rows whose paired reference was an outlier (plots.paired) have no speedup and are left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from plots.intervals import RESAMPLES, Interval, mean_interval, pooled_speedup_interval, ratio_interval
+
+# The values that carry an interval in tables.
+INTERVAL_VALUES = ("tau", "speedup")
+MATCH = ["target", "benchmark", "category", "temperature", "concurrency", "input_len", "seed"]
+NOTE = (f"[low, high]: 95% percentile bootstrap interval over result rows (prompts; {RESAMPLES} "
+        "resamples, fixed seed); an Average's over its benchmarks; 'n=1, no interval' where one "
+        "row stands alone.")
+
+
+def numbers(rows: pd.DataFrame, column: str) -> np.ndarray:
+    if column not in rows.columns:
+        return np.full(len(rows), math.nan)
+    return pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float, copy=True)
+
+
+def reference_arrays(rows: pd.DataFrame, baseline: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's AR reference (output tokens, wall s): its paired AR run where --paired measured
+    one, else the baseline's row on the same setting and seed (NaN where neither exists)."""
+    ref_tokens, ref_wall = numbers(rows, "paired_ar_output_tokens"), numbers(rows, "paired_ar_wall_s")
+    if baseline is not None and len(baseline):
+        keys = [c for c in MATCH if c in rows.columns and c in baseline.columns]
+        lookup = {tuple(r[keys]): (r["output_tokens"], r["wall_s"]) for _, r in baseline.iterrows()}
+        for i, (_, row) in enumerate(rows.iterrows()):
+            if math.isnan(ref_wall[i]) and tuple(row[keys]) in lookup:
+                ref_tokens[i], ref_wall[i] = (float(x) for x in lookup[tuple(row[keys])])
+    return ref_tokens, ref_wall
+
+
+def pooled_interval(rows: pd.DataFrame, value: str, baseline: pd.DataFrame | None = None,
+                    point: float | None = None) -> Interval:
+    """Interval of the pooled tau or speedup of one system's rows (module docstring)."""
+    if value == "tau" and np.nansum(numbers(rows, "num_drafts")) > 0:
+        return ratio_interval(numbers(rows, "num_accepted_tokens"), numbers(rows, "num_drafts"),
+                              offset=1.0, point=point)
+    if value == "speedup" and {"output_tokens", "wall_s"} <= set(rows.columns):
+        usable = rows[rows["speedup"].notna()]
+        ref_tokens, ref_wall = reference_arrays(usable, baseline)
+        return pooled_speedup_interval(numbers(usable, "output_tokens"), numbers(usable, "wall_s"),
+                                       ref_tokens, ref_wall, point=point)
+    return mean_interval(numbers(rows, value), point=point)  # AR's tau, or no counters
+
+
+def cell_interval(rows: pd.DataFrame, value: str, point: float) -> Interval:
+    """A Table-1 cell: the mean of its rows' values (rows resampled), shown at `point`."""
+    return mean_interval(numbers(rows, value), point=point)

@@ -1,0 +1,105 @@
+"""A draft rule's health in vLLM's own metrics (vllm_liliprop/vllm/rule_health.py).
+
+A head broken at run time (its rows all fall back to the drafter's argmax) must show in
+`LLM.get_metrics()` offline and in the OpenAI server's `/metrics` (engine core in a process of
+its own, so the counts cross vLLM's msgpack boundary), with one warning in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.builders import attach_random_gru_head
+from tests.engine import PROMPTS, generate
+from tests.test_http_serving_vllm import ROOT, completion, free_port, metric, serve_command, stop, wait_until_healthy
+from tests.test_rule_faults_vllm import poison
+
+pytestmark = [pytest.mark.vllm]
+NAMES = ("vllm:liliprop_rule_draft_rows", "vllm:liliprop_rule_fallback_rows", "vllm:liliprop_rule_faults")
+
+
+def test_offline_metrics_count_every_fallback_row_of_a_broken_head(tiny_models, monkeypatch):
+    draft = tiny_models["root"] / "health-dels-gru"
+    shutil.copytree(tiny_models["draft"], draft, dirs_exist_ok=True)
+    attach_random_gru_head(draft, tiny_models["target"])
+    from vllm_liliprop.vllm import rule_health
+
+    warnings, warn = [], rule_health.logger.warning
+    # A spy, not a stand-in: it keeps the text and logs it as before (pytest's output capture
+    # and vLLM's log handlers disagree about which stream is live across a session).
+    monkeypatch.setattr(rule_health.logger, "warning",
+                        lambda msg, *args, **kw: (warnings.append(msg % args), warn(msg, *args, **kw)))
+    metrics: dict[str, float] = {}
+    _, counters, drafter = generate(tiny_models["target"], draft, options={"rule": "dels"},
+                                    prepare=poison(lambda d: d.draft_rule.head.gru.weight_hh_l0),
+                                    metrics_out=metrics)
+    rows, fallback, faults = (metrics[name] for name in NAMES)
+    # One row per request and draft step, every one of them fell back; one fault per step.
+    assert rows == drafter.num_draft_rows == drafter.num_rule_faults > 0
+    assert fallback == rows and 0 < faults <= rows
+    # vLLM counts the drafts it verified: all of them but each request's last, drafted on the
+    # step that finished it.
+    assert counters.num_drafts == rows - len(PROMPTS)
+    assert len(warnings) == 1 and re.search(
+        r"draft rule 'dels' fell back to the drafter's argmax on (\d+) of \1 draft rows", warnings[0])
+
+
+def _nan_drafter(source, out):
+    """A copy of the DFlash draft whose final norm is NaN: vLLM loads it, every row faults."""
+    shutil.copytree(source, out)
+    weights = load_file(str(out / "model.safetensors"))
+    name = next(n for n in weights if n.removeprefix("model.") == "norm.weight")
+    weights[name] = torch.full_like(weights[name], math.nan)
+    save_file(weights, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.mark.slow
+def test_served_metrics_show_the_rule_counters_over_http(tiny_models, tmp_path):
+    draft = _nan_drafter(tiny_models["draft"], tmp_path / "nan-draft")
+    port, log = free_port(), tmp_path / "server.log"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_LILIPROP_OPTIONS=json.dumps({"rule": "argmax"}))
+    with log.open("w") as out:
+        proc = subprocess.Popen(serve_command(tiny_models["target"], draft, port), cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}", log)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            for prompt in ("def fib(n):", "import os\nimport", "class A:\n    def", "for i in range("):
+                completion(client, prompt, stream=False)
+            text = client.get("/metrics").text
+    finally:
+        leftovers = stop(proc)
+    (tmp_path.parent / "rule_health_metrics.txt").write_text(text)  # the report's sample
+    rows, fallback, faults = (metric(text, name + "_total") for name in NAMES)
+    assert 'rule="argmax"' in text and rows > 0 and fallback == rows and 0 < faults <= rows
+    assert metric(text, "vllm:spec_decode_num_drafts_total") == rows - 4  # each request's last unverified
+    assert "draft rule 'argmax' fell back to the drafter's argmax on" in log.read_text()
+    assert leftovers == []
+
+
+def test_the_metrics_patches_are_idempotent():
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingProm
+
+    from vllm_liliprop.vllm import patching, rule_health
+
+    patching.apply_patches()
+    patched = Scheduler.__dict__["make_stats"], SpecDecodingProm.__dict__["observe"]
+    patching.apply_patches()
+    assert (Scheduler.__dict__["make_stats"], SpecDecodingProm.__dict__["observe"]) == patched
+    assert all(getattr(f, "__liliprop_original__", None) is not None for f in patched)
+    hint = SchedulerStats.__dataclass_fields__["spec_decoding_stats"].type
+    assert hint == rule_health.RuleSpecDecodingStats | None
