@@ -16,7 +16,7 @@ needs happens here in one resumable command, on transformers and the package's o
                into parts small enough to come back from the device (`--pack`)
 
     python -m training.device_round --target DIR --snapshot testbed/smollm2/data \\
-        --eval-dir .cache/benchmarks --init-draft testbed/smollm2/round2/drafts/dflash \\
+        --eval-dir .cache/benchmarks --init-draft testbed/smollm2/round3/drafts/dflash \\
         --out .cache/device_round --budget-s 540 --pack $OUT
 
 Every stage resumes: prompts and replies are appended JSONL (ids already written are skipped),
