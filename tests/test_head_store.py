@@ -16,7 +16,8 @@ from training.build_stages.measure import drafter_acceptance
 from training.data import TokenizedDataset
 from training.export import load_dflash, load_lilicorr
 from training.head_store import build_store, load_store
-from training.train_head import lattice_metrics, oracle_tau, train_head
+from training.headroom_metrics import headroom_metrics
+from training.train_head import lattice_metrics, store_ranks, train_head
 
 TINY = Path(__file__).resolve().parents[1] / "testbed" / "tiny"
 
@@ -47,7 +48,7 @@ def test_store_matches_the_measure_stage_and_resumes(store):
     out, record, target = store
     assert record["blocks"] == 24 and len(list(out.glob("shard_*.safetensors"))) >= 2
     blocks = load_store(out)
-    taus = [oracle_tau(blocks["candidate_ids"].long(), blocks["targets"].long(), k) for k in (1, 2, 4, 8, 16)]
+    taus = list(headroom_metrics(*store_ranks(blocks))["oracle_tau"].values())
     assert taus == sorted(taus)
     measured = drafter_acceptance(TINY / "drafts" / "dflash", False, target, DATA, 6, 0)
     assert taus[0] == pytest.approx(1 + measured["accept_argmax"], abs=0.05)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from training.head_store import load_dataset
+from training.data import load_examples
 from training.pipeline import prepare_draft_training
 from training.recipe import apply_overrides, load_recipe
 
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     recipe = apply_overrides(load_recipe(args.recipe), [*args.set, f"drafter.init_from={args.draft}",
                                                         f"target={args.target}", "train.output_dir=/tmp/step_profile"])
-    dataset = load_dataset(args.data, args.target)
+    dataset = load_examples(args.data, args.target, 1024)
     run = prepare_draft_training(recipe, dataset=dataset, progress=False)
     result = {"device": str(run.trainer.device), "threads": torch.get_num_threads(),
               "batch_size": recipe["train"]["batch_size"], "num_anchors": recipe.get("num_anchors"),

@@ -13,6 +13,7 @@ Readers accept JSONL files and Hugging Face datasets with either OpenAI-style `m
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def normalize_messages(record: dict, where: str = "record") -> list[dict[str, st
 def _json_lines(path: str | Path) -> Iterator[tuple[str, int, object]]:
     """("<path> line N", N, parsed JSON) for every non-blank line; DataFormatError naming the
     line for text that is not UTF-8 or not JSON."""
-    with open(path, "rb") as f:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             where = f"{path} line {number}"
             try:
@@ -311,6 +312,19 @@ def _tokenized_record(record, where: str) -> tuple[list[int], list[bool]]:
         raise DataFormatError(f"{where}: expected {{\"input_ids\": [token ids >= 0], \"loss_mask\": "
                               "[0 or 1 per id]}; rebuild the file with `python -m training.data`")
     return record["input_ids"], [bool(m) for m in record["loss_mask"]]
+
+
+def load_examples(path: str | Path, tokenizer_dir: str | Path, max_length: int) -> "TokenizedDataset":
+    """A tokenized dataset (.jsonl of `python -m training.data`) as it is, or conversations
+    ({"id", "messages"} JSONL, gzipped or not) tokenized with the target's chat template: what
+    the measurement and head-store commands take as --data."""
+    first = next(iter(_json_lines(path)), (None, None, {}))[2]
+    if isinstance(first, dict) and "input_ids" in first:
+        return TokenizedDataset.load(path)
+    from transformers import AutoTokenizer
+
+    return TokenizedDataset.from_conversations(AutoTokenizer.from_pretrained(tokenizer_dir),
+                                               read_jsonl_conversations(path), max_length)
 
 
 def training_vocabulary(dataset: "TokenizedDataset", vocab_size: int, size: int) -> tuple[torch.Tensor, float]:

@@ -40,7 +40,7 @@ import torch
 
 from training.build_stages.jsonl import read_jsonl, write_jsonl
 from training.build_stages.measure import acceptance
-from training.data import TokenizedDataset
+from training.data import TokenizedDataset, read_jsonl_conversations
 from training.decontaminate import eval_ngrams, ngrams
 from training.hf_generation import hf_chat_generator, hf_completer
 from training.magpie import end_markers, generate_prompts, user_header
@@ -58,8 +58,7 @@ WARMUP_STEPS = 5
 
 
 def _snapshot_rows(snapshot: Path, name: str) -> list[dict]:
-    with gzip.open(snapshot / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return list(read_jsonl_conversations(snapshot / f"{name}.jsonl.gz"))
 
 
 def _user_turns(row: dict) -> list[str]:

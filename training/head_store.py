@@ -19,7 +19,6 @@ examples already stored, so the command resumes.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from training.data import TokenizedDataset, collate
+from training.data import TokenizedDataset, collate, load_examples
 from training.export import load_dflash
 from training.features import OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights
@@ -38,7 +37,7 @@ from training.trainer import seeds_for
 from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
-__all__ = ["STORE_K", "block_inputs", "build_store", "load_store", "load_dataset"]
+__all__ = ["STORE_K", "block_inputs", "build_store", "load_store"]
 
 STORE_K = 16  # candidates kept per slot: the K = 4 / 8 / 16 heads all read a prefix of them
 KEYS = ("candidate_ids", "candidate_log_probs", "slot_hidden", "anchor_hidden", "targets", "target_logq")
@@ -58,22 +57,6 @@ def block_inputs(objective: DraftObjective, target, batch: dict, seeds: list[int
             "anchor_hidden": draft["anchor_hidden"].to(torch.bfloat16),
             "targets": torch.where(draft["slot_mask"], draft["targets"], -1).to(torch.int32),
             "target_logq": objective.target_log_probs(final, ids).float()}
-
-
-def load_dataset(path: str | Path, tokenizer_dir: str | Path, max_length: int = 1024) -> TokenizedDataset:
-    """A tokenized dataset, or conversations ({"id", "messages"} JSONL, gzipped or not) tokenized
-    with the target's chat template."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        first = json.loads(f.readline())
-    if "input_ids" in first:
-        return TokenizedDataset.load(path)
-    from transformers import AutoTokenizer
-
-    with opener(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return TokenizedDataset.from_conversations(AutoTokenizer.from_pretrained(tokenizer_dir), rows, max_length)
 
 
 def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: str | Path, *, anchors: int,
@@ -141,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_after_parse(args)  # libraries at WARNING unless --verbose
     from transformers import AutoModelForCausalLM
 
-    dataset = load_dataset(args.data, args.target)
+    dataset = load_examples(args.data, args.target, 1024)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval()
     print(json.dumps(build_store(args.draft, target, dataset, args.out, anchors=args.anchors, seed=args.seed,
                                  limit=args.limit)))

@@ -18,7 +18,6 @@ supervised tokens dropped), so a held-out snapshot file reproduces the build's h
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,29 +25,12 @@ from pathlib import Path
 import torch
 
 from training.build_stages.measure import drafter_acceptance
-from training.data import TokenizedDataset, normalize_messages
+from training.data import TokenizedDataset, load_examples
 from training.headroom_metrics import headroom_table, rounded
 
-__all__ = ["load_heldout", "main"]
+__all__ = ["main"]
 
 MAX_LENGTH = 1024  # the SmolLM2 build's max_model_len, which its tokenize stage cuts to
-
-
-def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
-
-
-def load_heldout(path: str | Path, target_dir: str | Path, max_length: int = MAX_LENGTH) -> TokenizedDataset:
-    """A tokenized set as is; conversations tokenized with the target's tokenizer."""
-    path = Path(path)
-    with _open_text(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    if records and "input_ids" in records[0]:
-        return TokenizedDataset([r["input_ids"] for r in records], [[bool(m) for m in r["loss_mask"]] for r in records])
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    return TokenizedDataset.from_conversations(tokenizer, [normalize_messages(r) for r in records], max_length)
 
 
 def _first(dataset: TokenizedDataset, limit: int | None) -> TokenizedDataset:
@@ -72,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    dataset = _first(load_heldout(args.data, args.target), args.limit)
+    dataset = _first(load_examples(args.data, args.target, MAX_LENGTH), args.limit)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     measured = drafter_acceptance(Path(args.draft), args.lilicorr, target, dataset, args.anchors, args.seed)
     metrics = {"draft": str(args.draft), "data": str(args.data), "examples": len(dataset),

@@ -160,7 +160,7 @@ class DraftObjective(nn.Module):
         """The drafter over a batch's anchor blocks: anchors [B, A] and valid [B, A]; per valid
         block (M of them) targets and slot_mask [M, S] (training-vocabulary labels),
         slot_hidden [M, S, H], draft_logits [M, S, V'], anchor_hidden [M, H] (the context state
-        before the anchor, the LiLiCorr head's anchor input); context [B, T, H]."""
+        before the anchor, the LiLiCorr head's anchor input)."""
         cfg = self.drafter.config
         anchors, valid = sample_anchors(loss_mask, self.num_anchors, seeds)
         block_ids, targets, slot_mask = build_blocks(
@@ -173,7 +173,7 @@ class DraftObjective(nn.Module):
         targets, slot_mask = self._train_labels(targets[valid], slot_mask[valid])
         before_anchor = (anchors - 1).unsqueeze(-1).expand(-1, -1, context.shape[-1])
         return {"anchors": anchors, "valid": valid, "targets": targets, "slot_mask": slot_mask,
-                "slot_valid": slot_valid, "context": context, "slot_hidden": slot_hidden,
+                "slot_valid": slot_valid, "slot_hidden": slot_hidden,
                 "draft_logits": F.linear(slot_hidden, self.lm_head_weight),  # [M, S, V]
                 "anchor_hidden": context.gather(1, before_anchor)[valid]}
 

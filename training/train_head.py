@@ -28,14 +28,14 @@ from tqdm import tqdm
 from training.export import export_lilicorr, load_dflash
 from training.head_store import load_store
 from training.losses import distractor_penalty, ground_truth_index, margin_hinge, oracle_prefix_mask, reranker_ce
-from training.objective import accepted_prefix_length
+from training.headroom_metrics import headroom_metrics
 from training.pipeline import build_lattice
 from training.recipe import apply_overrides, load_recipe
 from training.trainer import cosine_with_warmup
 from vllm_liliprop.walks import greedy_walk
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
-__all__ = ["head_loss", "lattice_metrics", "train_head", "main"]
+__all__ = ["head_loss", "store_ranks", "lattice_metrics", "train_head", "main"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -69,15 +69,19 @@ def head_loss(start, pairs, ids, targets, target_logq, loss: dict) -> dict[str, 
     return terms
 
 
-def oracle_tau(ids: torch.Tensor, targets: torch.Tensor, k: int) -> float:
-    hit = (ids[..., :k] == targets.unsqueeze(-1)).any(dim=-1) & (targets >= 0)
-    return 1 + hit.long().cumprod(dim=-1).sum(dim=-1).float().mean().item()
+def store_ranks(store: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(true_rank, slot_valid) [M, S] of a store's blocks: where the true token sits among the
+    stored candidates (STORE_K where it is not among them), for `headroom_metrics`."""
+    ids, targets = store["candidate_ids"].long(), store["targets"].long()
+    hit = ids == targets.unsqueeze(-1)
+    rank = torch.where(hit.any(dim=-1), hit.float().argmax(dim=-1), torch.full_like(targets, ids.shape[-1]))
+    return rank, targets >= 0
 
 
 @torch.no_grad()
 def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024) -> dict[str, float]:
-    """Held-out taus (1 + mean accepted drafts per block): the greedy walk, the drafter's argmax,
-    the oracle prefix at K, and the walk's share of the headroom at the head's K."""
+    """Held-out taus of the greedy walk, the drafter's argmax and the oracle prefix at the
+    head's K (training.headroom_metrics), and the walk's share of that headroom."""
     head.eval()
     k = head.config.candidate_topk
     n = store["targets"].shape[0]
@@ -89,12 +93,11 @@ def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024) -
             start, pairs = head.score(*inputs)
         walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
     head.train()
-    targets = store["targets"].long()
-    all_ids = store["candidate_ids"].long()
-    walk = 1 + accepted_prefix_length(torch.cat(walks), targets).float().mean().item()
-    argmax, oracle = oracle_tau(all_ids, targets, 1), oracle_tau(all_ids, targets, k)
-    return {"walk_tau": round(walk, 4), "argmax_tau": round(argmax, 4), f"oracle{k}_tau": round(oracle, 4),
-            "headroom_share": round((walk - argmax) / max(oracle - argmax, 1e-9), 4)}
+    rank, valid = store_ranks(store)
+    m = headroom_metrics(rank, valid, torch.cat(walks) == store["targets"].long(), ks=(k,))
+    return {"walk_tau": round(m["walk_tau"], 4), "argmax_tau": round(m["argmax_tau"], 4),
+            f"oracle{k}_tau": round(m["oracle_tau"][str(k)], 4),
+            "headroom_share": round(m["walk_share"][str(k)] or 0.0, 4)}
 
 
 def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, drafter_config, out: Path,
