@@ -103,3 +103,35 @@ def test_the_metrics_patches_are_idempotent():
     assert all(getattr(f, "__liliprop_original__", None) is not None for f in patched)
     hint = SchedulerStats.__dataclass_fields__["spec_decoding_stats"].type
     assert hint == rule_health.RuleSpecDecodingStats | None
+
+
+class _Counts:
+    """A stand-in source with settable cumulative counts (a proposer's rule_health())."""
+
+    def __init__(self, *counts):
+        self.counts = counts
+
+    def rule_health(self):
+        return ("greedy", *self.counts)
+
+
+def test_a_freed_proposers_counts_never_become_a_new_ones_baseline():
+    # CI once failed here: counts were keyed by id(), a new engine's proposer reused a freed one's
+    # address, drained a negative delta, and Prometheus raised inside the engine's step.
+    import gc
+
+    from vllm_liliprop.vllm import rule_health
+
+    rule_health.drain()
+    for _ in range(50):  # re-allocations at one address are likely, not certain; many give many chances
+        old = _Counts(100, 40, 2)
+        rule_health.register_source(old)
+        assert rule_health.drain() == {"greedy": [100, 40, 2]}
+        del old
+        gc.collect()
+        new = _Counts(3, 1, 0)
+        rule_health.register_source(new)
+        assert rule_health.drain() == {"greedy": [3, 1, 0]}
+        del new
+        gc.collect()
+    assert rule_health.drain() == {}

@@ -39,26 +39,23 @@ COUNTERS = (
 HIGH_FALLBACK_SHARE = 0.2  # warn once a rule's fallback rows pass this share of its draft rows...
 MIN_ROWS_TO_WARN = 64  # ...after this many draft rows
 
-_sources: list[weakref.ref] = []
-_last: dict[int, tuple[int, int, int]] = {}
+# Live proposers -> their counts at the last drain. Keyed weakly, not by id(): an engine's
+# proposer freed and a new one allocated at the same address would otherwise inherit the old
+# counts and drain a negative delta, which Prometheus refuses by raising inside the engine.
+_last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def register_source(proposer) -> None:
     """A proposer whose `rule_health()` -> (rule, draft_rows, fallback_rows, faults), cumulative."""
-    _sources.append(weakref.ref(proposer))
+    _last[proposer] = (0, 0, 0)
 
 
 def drain() -> dict[str, list[int]]:
     """rule -> [draft_rows, fallback_rows, faults] since the last drain, over live sources."""
     out: dict[str, list[int]] = {}
-    for ref in list(_sources):
-        source = ref()
-        if source is None:
-            _sources.remove(ref)
-            continue
+    for source, before in list(_last.items()):
         rule, *counts = source.rule_health()
-        before = _last.get(id(source), (0, 0, 0))
-        _last[id(source)] = tuple(counts)
+        _last[source] = tuple(counts)
         delta = [now - then for now, then in zip(counts, before)]
         if any(delta):
             out[rule] = [a + b for a, b in zip(out.get(rule, [0, 0, 0]), delta)]
