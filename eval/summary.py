@@ -8,6 +8,7 @@ from eval.results import json_object
 from eval.truncation import truncation_markdown
 from plots.io import load_results
 from plots.paired import reference_notes
+from plots.peers import peer_systems, peers_table
 from plots.tables import lossless_markdown, markdown_table, render_markdown, stage_table
 
 SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
@@ -34,6 +35,9 @@ def _summary(path, values, lossless_path) -> str:
     if (results["kind"] == "run").any():
         for value in values:
             parts.append(f"### {value}\n\n{markdown_table(results, value=value)}")
+        if peer_systems(results):
+            parts.append("### this package against the peers a user would pick instead\n\n"
+                         + render_markdown(peers_table(results)))
         notes = reference_notes(results)
         if notes:
             parts.append("### paired AR references\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")

@@ -31,6 +31,17 @@ def liliprop_allowed(environ: Mapping[str, str] = os.environ) -> bool:
     return plugins is None or PLUGIN_NAME in [name.strip() for name in plugins.split(",")]
 
 
+def plugins_without_liliprop(environ: Mapping[str, str] = os.environ) -> str:
+    """The `VLLM_PLUGINS` value that starts an engine as if this package were not installed:
+    the plugins allowed now (unset: every installed one), less this one."""
+    from importlib.metadata import entry_points
+
+    allowed = environ.get("VLLM_PLUGINS")
+    names = ([name.strip() for name in allowed.split(",")] if allowed is not None
+             else [entry.name for entry in entry_points(group="vllm.general_plugins")])
+    return ",".join(name for name in names if name and name != PLUGIN_NAME)
+
+
 def vllm_dflash_class(liliprop_class: type) -> type:
     """A subclass of `liliprop_class` that resolves every method vLLM's `DFlashProposer` has to
     vLLM's own (`__new__` stays inherited; it only picks this class)."""
