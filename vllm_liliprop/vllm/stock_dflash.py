@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from importlib.metadata import entry_points
 from typing import Mapping
 
 from vllm.v1.spec_decode.dflash import DFlashProposer
@@ -34,8 +35,6 @@ def liliprop_allowed(environ: Mapping[str, str] = os.environ) -> bool:
 def plugins_without_liliprop(environ: Mapping[str, str] = os.environ) -> str:
     """The `VLLM_PLUGINS` value that starts an engine as if this package were not installed:
     the plugins allowed now (unset: every installed one), less this one."""
-    from importlib.metadata import entry_points
-
     allowed = environ.get("VLLM_PLUGINS")
     names = ([name.strip() for name in allowed.split(",")] if allowed is not None
              else [entry.name for entry in entry_points(group="vllm.general_plugins")])
