@@ -70,3 +70,18 @@ def test_suffix_decoding_is_lossless(tiny_models, plain):
     ids, counters, _ = generate(tiny_models["target"], None, extra_flags={"speculative_config": spec})
     assert ids == plain
     assert counters.num_drafts > 0
+
+
+def test_eval_engine_without_liliprop_runs_vllm_own_proposer(tiny_models, monkeypatch):
+    from tests.engine import ENGINE_FLAGS
+    from vllm_liliprop.vllm.offline import OfflineEngine, in_process_drafter
+    from vllm_liliprop.vllm.plugin import register
+    from vllm_liliprop.vllm.proposer import VllmDFlashProposer
+
+    register()  # as after the run's AR engine: the plugin is on in this process
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    spec = {"method": "dflash", "model": tiny_models["draft"], "num_speculative_tokens": 3}
+    flags = {k: v for k, v in ENGINE_FLAGS.items() if k != "disable_log_stats"}  # OfflineEngine's own
+    with OfflineEngine(tiny_models["target"], flags, spec, without_liliprop=True) as engine:
+        assert type(in_process_drafter(engine.llm)) is VllmDFlashProposer
+    assert "VLLM_PLUGINS" not in os.environ  # only while that engine started
