@@ -35,9 +35,7 @@ def _summary(path, values, lossless_path) -> str:
     if (results["kind"] == "run").any():
         for value in values:
             parts.append(f"### {value}\n\n{markdown_table(results, value=value)}")
-        if peer_systems(results):
-            parts.append("### this package against the peers a user would pick instead\n\n"
-                         + render_markdown(peers_table(results)))
+        parts.extend(_peers_part(results))
         notes = reference_notes(results)
         if notes:
             parts.append("### paired AR references\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
@@ -55,6 +53,17 @@ def _summary(path, values, lossless_path) -> str:
     if machines:
         parts.append("machine: " + "; ".join(_machine_line(m) for m in machines))
     return "\n".join(parts)
+
+
+def _peers_part(results) -> list[str]:
+    """The best-of-ours vs best-peer table when the file has both kinds of system."""
+    if not peer_systems(results):
+        return []
+    try:
+        table = peers_table(results)
+    except ValueError:  # peers alone (or ours alone): nothing to set side by side
+        return []
+    return ["### this package against the peers a user would pick instead\n\n" + render_markdown(table)]
 
 
 def _machine_line(record: str) -> str:

@@ -49,3 +49,17 @@ def test_best_of_ours_against_best_peer(factor, verdict):
 def test_no_peer_is_a_clear_skip():
     with pytest.raises(ValueError, match="peer"):
         peers_table(load_results(RESULTS))
+
+
+def test_summary_adds_the_table_only_with_both_kinds(tmp_path):
+    from eval.summary import summary_text
+
+    df = load_results(RESULTS)
+    both = _with_peer(df, "DFlash", 0.9)
+    peers_only = both[both["system"].isin(["AR", "ngram"])]
+    paths = {}
+    for name, frame in (("both", both), ("peers_only", peers_only)):
+        paths[name] = tmp_path / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    assert "against the peers" in summary_text(paths["both"])
+    assert "against the peers" not in summary_text(paths["peers_only"])
