@@ -18,9 +18,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 base=$("$py" -c "import sys; print(sys.base_prefix)")/bin/python3
 "$base" -m venv "$work/build"
-"$py" -c "import site; print(site.getsitepackages()[0])" > "$work/build/lib/python3.11/site-packages/venv_torch.pth"
+# addsitedir, not a path line: .venv's own .pth files (editable installs) are read as well.
+"$py" -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" \
+    > "$work/build/lib/python3.11/site-packages/venv_torch.pth"
 "$work/build/bin/python" -m pip install -q "nanobind==2.9.2" "cmake>=3.18" ninja setuptools wheel grpcio-tools
-"$py" -m pip download -q --no-deps --no-binary :all: "arctic-inference==0.3.0" -d "$work"
+# PyPI has only the sdist; reading its metadata with the build tools above (and .venv's torch)
+# keeps pip from fetching a CUDA torch into an isolated build environment just to do that.
+"$work/build/bin/python" -m pip download -q --no-deps --no-build-isolation "arctic-inference==0.3.0" -d "$work"
 tar xzf "$work"/arctic_inference-0.3.0.tar.gz -C "$work"
 (cd "$work/arctic_inference-0.3.0" && PATH="$work/build/bin:$PATH" \
     CMAKE_ARGS="-DPython_EXECUTABLE=$work/build/bin/python" \
