@@ -16,8 +16,18 @@ target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 # each benchmark: 21 paired ratios per system narrow the headline interval in about the time that
 # nine systems on one prompt each took. LILIPROP_SYSTEMS=all (or a list) picks others.
 all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
-systems=${LILIPROP_SYSTEMS:-AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov}
-[ "$systems" = all ] && systems=$all_systems
+headline=AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov
+# LILIPROP_SYSTEMS=peers: the headline systems beside the peers a user would pick instead (vLLM's
+# n-gram proposer, the DFlash draft on vLLM's own proposer, suffix decoding where
+# scripts/install_suffix.sh has installed arctic-inference); the tables add "best of ours
+# against best peer" (plots/peers.py).
+peers=ngram,DFlash-vLLM
+.venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null && peers=$peers,suffix
+systems=${LILIPROP_SYSTEMS:-$headline}
+case "$systems" in
+    all) systems=$all_systems ;;
+    peers) systems=$headline,$peers ;;
+esac
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \

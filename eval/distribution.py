@@ -48,7 +48,8 @@ def distribution_check(target: str, systems, prompt: str, engine_flags: dict, sa
     rows, plain = [], None
     for system in systems:
         with offline.OfflineEngine(target, engine_flags, system.speculative_config, system.options(),
-                                   max_num_seqs=concurrency) as engine:
+                                   max_num_seqs=concurrency,
+                                   without_liliprop=system.without_liliprop) as engine:
             first_seed = 0 if system.is_baseline else samples
             drawn, counters = sample_tuples(engine, render, prompt, samples, tokens, first_seed, offline)
         if system.is_baseline:

@@ -208,7 +208,8 @@ class Campaign:
                     # the system's counters are the system's.
                     paired.open(c)
                 with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
-                                           system.options(), max_num_seqs=c) as engine:
+                                           system.options(), max_num_seqs=c,
+                                           without_liliprop=system.without_liliprop) as engine:
                     render = self.renderer(self._prompt_limit(engine))
                     for m in items:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"

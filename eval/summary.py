@@ -8,6 +8,7 @@ from eval.results import json_object
 from eval.truncation import truncation_markdown
 from plots.io import load_results
 from plots.paired import reference_notes
+from plots.peers import peer_systems, peers_table
 from plots.tables import lossless_markdown, markdown_table, render_markdown, stage_table
 
 SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
@@ -34,6 +35,7 @@ def _summary(path, values, lossless_path) -> str:
     if (results["kind"] == "run").any():
         for value in values:
             parts.append(f"### {value}\n\n{markdown_table(results, value=value)}")
+        parts.extend(_peers_part(results))
         notes = reference_notes(results)
         if notes:
             parts.append("### paired AR references\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
@@ -51,6 +53,17 @@ def _summary(path, values, lossless_path) -> str:
     if machines:
         parts.append("machine: " + "; ".join(_machine_line(m) for m in machines))
     return "\n".join(parts)
+
+
+def _peers_part(results) -> list[str]:
+    """The best-of-ours vs best-peer table when the file has both kinds of system."""
+    if not peer_systems(results):
+        return []
+    try:
+        table = peers_table(results)
+    except ValueError:  # peers alone (or ours alone): nothing to set side by side
+        return []
+    return ["### this package against the peers a user would pick instead\n\n" + render_markdown(table)]
 
 
 def _machine_line(record: str) -> str:

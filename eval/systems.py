@@ -16,6 +16,8 @@ A systems file is a JSON object mapping each system name to an entry:
 
 Entry fields: `speculative_config` (passed to vLLM as is; absent or null = plain decoding),
 `liliprop` (draft-rule options, `VLLM_LILIPROP_OPTIONS`; see vllm_liliprop/options.py),
+`without_liliprop` (true: the engine starts with this package left out of `VLLM_PLUGINS`, so a
+DFlash draft runs on vLLM's own proposer: the peer a user without this package has),
 `dels_grid` (expand the system over alpha x beta), `description`. Nothing else: engine flags that
 change speed are shared by every system and set once on the command line, so an entry that tries
 to set one is refused. "AR" is the baseline that speedups are measured against; it must not
@@ -37,7 +39,7 @@ from vllm_liliprop.heads.dels_io import CONFIG_NAME, DelsConfig, find_dels_dir, 
 from vllm_liliprop.options import ENV_VAR, OptionError, env_options
 
 BASELINE = "AR"
-ENTRY_KEYS = ("speculative_config", "liliprop", "dels_grid", "description")
+ENTRY_KEYS = ("speculative_config", "liliprop", "dels_grid", "description", "without_liliprop")
 # Speed-relevant engine flags: shared by all arms of a comparison, never set per system.
 ENGINE_FLAG_KEYS = (
     "dtype", "max_model_len", "enable_prefix_caching", "enforce_eager", "max_num_seqs",
@@ -64,6 +66,7 @@ class System:
     # The (alpha, beta) grid point this copy runs at; None outside a grid.
     grid_alpha: float | None = None
     grid_beta: float | None = None
+    without_liliprop: bool = False  # vLLM's own proposer (vllm_liliprop/vllm/stock_dflash.py)
 
     @property
     def is_baseline(self) -> bool:
@@ -89,7 +92,10 @@ class System:
         return options
 
     def config(self) -> dict:
-        return {"speculative_config": self.speculative_config, "liliprop": self.options()}
+        config = {"speculative_config": self.speculative_config, "liliprop": self.options()}
+        if self.without_liliprop:  # only then, so that earlier rows' configs still match
+            config["without_liliprop"] = True
+        return config
 
     def config_json(self) -> str:
         return json.dumps(self.config(), sort_keys=True)
@@ -183,13 +189,25 @@ def parse_entry(name: str, entry: Any, where: str) -> tuple[System, dict | None]
     if name == BASELINE and (spec is not None or liliprop is not None):
         raise SystemsError(f"{where}: {BASELINE!r} is the autoregressive baseline of every speedup; "
                            "it cannot speculate. Give the speculating system another name")
+    without = _check_without_liliprop(entry.get("without_liliprop", False), liliprop,
+                                      f"{where}: {name}")
     grid = entry.get("dels_grid")
-    system = System(name, spec, liliprop, str(entry.get("description", "")))
+    system = System(name, spec, liliprop, str(entry.get("description", "")),
+                    without_liliprop=without)
     if grid is not None:
         grid = _check_grid(grid, f"{where}: {name}.dels_grid")
         if not system.uses_dels:
             raise SystemsError(f"{where}: {name}.dels_grid needs liliprop.rule 'dels' or 'lattice+dels'")
     return system, grid
+
+
+def _check_without_liliprop(value: Any, liliprop: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise SystemsError(f"{where}.without_liliprop = {value!r} must be true or false")
+    if value and liliprop is not None:
+        raise SystemsError(f"{where} sets both liliprop (this package's rule options) and "
+                           "without_liliprop = true (this package off); keep one")
+    return value
 
 
 def _check_grid(grid: Any, where: str) -> dict:

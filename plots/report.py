@@ -22,6 +22,7 @@ from plots.figures.speedup import speedup_bars
 from plots.figures.stages import stage_bars
 from plots.io import validate_results
 from plots.paired import reference_notes, without_outlier_speedups
+from plots.peers import peers_table
 from plots.select import describe, main_setting, run_rows, split_by, split_sweeps, stage_rows, system_order
 from plots.style import save_figure, system_colors
 from plots.paper_tables import (category_table, concurrency_detail_table, concurrency_table, seed_table,
@@ -185,6 +186,8 @@ def _write_tables(report: Report, out_dir: Path, main_rows: pd.DataFrame, stages
         slug = describe({"base": pair.base})[0]
         table(f"table_decode_ablation{slug}", f"decode-rule ablation, {pair.greedy} vs {pair.exact} (Table 12 style)",
               partial(decode_ablation_table, main_rows, pair.greedy, pair.exact))
+    table("table_peers", "this package's best system against the best peer (vLLM's own proposers)",
+          partial(peers_table, main_rows))
     if stages.empty:
         report.skipped.append(("table_stages", "no kind == 'stage' rows"))
     else:

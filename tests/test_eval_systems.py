@@ -86,12 +86,23 @@ def test_dels_grid_expands_one_system_and_fills_alpha_beta(tmp_path):
     ({"speculative_config": {"method": "dflash"}, "dels_grid": {"alpha": [0.1]}}, "needs liliprop.rule"),
     ({"speculative_config": {"method": "dflash"}, "liliprop": {"rule": "dels"}, "dels_grid": {"alpha": "0.1"}}, "list of numbers"),
     ({"speculative_config": {"method": "dflash"}, "temperature": 0}, r"unknown field\(s\) \['temperature'\]"),
+    ({"speculative_config": {"method": "dflash"}, "without_liliprop": "yes"}, r"S\.without_liliprop = 'yes' must be true or false"),
+    ({"speculative_config": {"method": "dflash"}, "liliprop": {"rule": "dels"}, "without_liliprop": True}, "keep one"),
 ])
 def test_bad_entries_are_refused_naming_system_and_field(tmp_path, entry, message):
     path = _write(tmp_path, {"S": entry})
     with pytest.raises(SystemsError, match=message) as info:
         select_systems(load_systems(path), ["S"])
     assert str(path) in str(info.value)
+
+
+def test_without_liliprop_is_recorded_only_when_set(tmp_path):
+    spec = {"method": "dflash", "model": "/d", "num_speculative_tokens": 3}
+    path = _write(tmp_path, {"DFlash": {"speculative_config": spec},
+                             "DFlash-vLLM": {"speculative_config": spec, "without_liliprop": True}})
+    ours, stock = select_systems(load_systems(path), ["DFlash", "DFlash-vLLM"])
+    assert not ours.without_liliprop and "without_liliprop" not in ours.config()
+    assert stock.without_liliprop and stock.config()["without_liliprop"] is True
 
 
 def test_ar_must_not_speculate_and_files_must_parse(tmp_path):

@@ -456,8 +456,10 @@ def test_write_all_renders_every_figure(written):
                                                "table_stages"}
     assert {w.stem for w in report.tables} >= {"table_concurrency_speedup", "table_concurrency_tau",
                                                "table_concurrency_detail", "table_categories"}
-    # This slice has one seed at T = 0 only, and no DeLS head or training-cost file was given.
-    assert [name for name, _ in report.skipped] == ["table_seeds", "table_dels_weights", "table_training_cost"]
+    # This slice has one seed at T = 0 only, no peer system, and no DeLS head or training-cost
+    # file was given.
+    assert [name for name, _ in report.skipped] == ["table_peers", "table_seeds", "table_dels_weights",
+                                                    "table_training_cost"]
     assert "- **table_dels_weights**: no DeLS head file given" in index
     assert "mbpp left out of the heatmap" in index and "DeLS on gsm8k (Qwen3-8B) has 9" in index
 

@@ -39,6 +39,9 @@ LAZY_IMPORTS = (
     "huggingface_hub",
     "scipy",
     "pandas",
+    # numba's LLVM binding, present only with vLLM's n-gram stack: patching.py 9 guards it
+    # where it is installed, without making the plugin import it elsewhere.
+    "llvmlite",
 )
 
 

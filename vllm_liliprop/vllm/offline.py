@@ -28,7 +28,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +38,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm_liliprop.options import ENV_VAR
 from vllm_liliprop.quiet import load_progress
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
+from vllm_liliprop.vllm.stock_dflash import plugins_without_liliprop
 
 # Conversation so far, as chat messages: [{"role": "user" | "assistant", "content": str}, ...].
 Messages = list[dict[str, str]]
@@ -161,11 +162,15 @@ class OfflineEngine:
     liliprop_options: the draft-rule options (`VLLM_LILIPROP_OPTIONS`), None to leave it unset.
     engine_flags: `vllm.LLM` kwargs shared by every system of a comparison (see `llm_kwargs`).
     max_num_seqs: the concurrency c.
+    without_liliprop: start the engine with this package left out of `VLLM_PLUGINS`, so that a
+    DFlash draft runs on vLLM's own proposer (stock_dflash.py): the peer a user without it has.
     """
 
     def __init__(self, target: str, engine_flags: dict, speculative_config: dict | None = None,
-                 liliprop_options: dict | None = None, max_num_seqs: int = 1):
+                 liliprop_options: dict | None = None, max_num_seqs: int = 1,
+                 without_liliprop: bool = False):
         self.target = target
+        self.without_liliprop = without_liliprop
         self.engine_flags = dict(engine_flags)
         self.speculative_config = speculative_config
         self.liliprop_options = liliprop_options
@@ -178,7 +183,10 @@ class OfflineEngine:
         kwargs.setdefault("use_tqdm_on_load", load_progress())  # checkpoint-shard bars: --verbose only
         # The options are read when the proposer is built (in this process or a spawned one that
         # inherits the environment), so they only need to be set while the engine starts.
-        with _liliprop_env(self.liliprop_options):
+        # vLLM reads VLLM_PLUGINS, and the proposer its absence of liliprop, while the engine starts.
+        plugins = (_env("VLLM_PLUGINS", plugins_without_liliprop()) if self.without_liliprop
+                   else nullcontext())
+        with _liliprop_env(self.liliprop_options), plugins:
             self.llm = LLM(
                 model=self.target,
                 speculative_config=self.speculative_config,
@@ -292,20 +300,25 @@ def in_process_drafter(llm: LLM):
         return None
 
 
-@contextmanager
 def _liliprop_env(options: dict | None):
-    old = os.environ.get(ENV_VAR)
-    if options is None:
-        os.environ.pop(ENV_VAR, None)
+    return _env(ENV_VAR, None if options is None else json.dumps(options))
+
+
+@contextmanager
+def _env(name: str, value: str | None):
+    """os.environ[name] = value while the block runs (None: unset), the old value restored."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
     else:
-        os.environ[ENV_VAR] = json.dumps(options)
+        os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(ENV_VAR, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[ENV_VAR] = old
+            os.environ[name] = old
 
 
 # Stage names, in the order of a step. "step wall" is the whole step (plots draws it as a total).

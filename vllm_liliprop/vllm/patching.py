@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Eight patches, each logged once and safe to apply twice:
+Nine patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -37,7 +37,13 @@ Eight patches, each logged once and safe to apply twice:
    rules' counts to the step's `SpecDecodingStats` (a subclass with a `rule_health` field, and
    `SchedulerStats.spec_decoding_stats` annotated with it, so that vLLM's msgpack decoder keeps
    the field across the engine-core/frontend boundary), and `SpecDecodingProm` registers and
-   increments the `vllm:liliprop_rule_*` counters beside vLLM's spec-decode counters.
+   increments the `vllm:liliprop_rule_*` counters beside vLLM's spec-decode counters;
+9. CPU only: every engine start re-registers the CPU kernel overrides, and vLLM's
+   `_rebind_kernels` scans every module global with `vars(value).get("kernel")`. Once numba has
+   been imported (vLLM's n-gram proposer, method "ngram"), llvmlite's duck-typed CDLL
+   (`llvmlite.binding.ffi.lib`) answers `__dict__` with a wrapped function, so the next engine
+   of the process stops with "'_lib_fn_wrapper' object has no attribute 'get'". Its lookup of
+   dunder names now raises AttributeError, as ctypes' own CDLL does.
 """
 
 from __future__ import annotations
@@ -263,6 +269,7 @@ def apply_patches() -> None:
     _replace(gpu_model_runner, "DFlashProposer", LiliPropProposer)
     _patch_cpu_expand_kernel()
     _patch_cpu_generator_rewind(gpu_model_runner.GPUModelRunner)
+    _patch_cpu_llvmlite_dunders()
     for owner, name, wrap in (
         (VllmConfig, "_get_v2_model_runner_unsupported_features", _wrap_v2_unsupported),
         (VllmConfig, "_is_dflash_candidate_draft", _wrap_candidate_draft),
@@ -303,3 +310,31 @@ def _patch_cpu_generator_rewind(runner_class) -> None:
     current = runner_class.__dict__["_bookkeeping_sync"]
     if getattr(current, _MARK, None) is None:
         _replace(runner_class, "_bookkeeping_sync", _wrap_bookkeeping_cpu(current))
+
+
+def _wrap_llvmlite_getattr(original: Callable) -> Callable:
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return original(self, name)
+
+    return __getattr__
+
+
+def _patch_cpu_llvmlite_dunders() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:  # no numba stack: nothing to guard
+        return
+    wrapper_class = getattr(ffi, "_lib_wrapper", None)
+    current = getattr(wrapper_class, "__dict__", {}).get("__getattr__")
+    if current is None:
+        logger.warning("vllm-liliprop: llvmlite's _lib_wrapper.__getattr__ not found; an engine "
+                       "started after an n-gram engine in this process may fail (patching.py 9)")
+        return
+    if getattr(current, _MARK, None) is None:
+        _replace(wrapper_class, "__getattr__", _wrap_llvmlite_getattr(current))

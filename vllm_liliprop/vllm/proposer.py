@@ -17,7 +17,9 @@ Only these things differ from `DFlashProposer`:
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
 With no options (a plain DFlash checkpoint, no environment override) the rule is None and every
-other method is the parent's, so drafts are exactly vLLM's.
+other method is the parent's, so drafts are exactly vLLM's. An engine started with this plugin
+left out of `VLLM_PLUGINS` gets vLLM's own proposer instead (`VllmDFlashProposer`,
+stock_dflash.py), even in a process where another engine registered the plugin.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
+from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
 logger = init_logger("vllm.liliprop.proposer")
 
@@ -90,6 +93,13 @@ def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
 
 
 class LiliPropProposer(DFlashProposer):
+    def __new__(cls, *args, **kwargs):
+        if cls is LiliPropProposer and not liliprop_allowed():
+            logger.info("VLLM_PLUGINS leaves out vllm-liliprop: this engine runs vLLM's own "
+                        "DFlashProposer")
+            cls = VllmDFlashProposer
+        return super().__new__(cls)
+
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner)
         spec = vllm_config.speculative_config
@@ -310,3 +320,6 @@ class LiliPropProposer(DFlashProposer):
             what,
             exc_info=exc_info,
         )
+
+
+VllmDFlashProposer = vllm_dflash_class(LiliPropProposer)

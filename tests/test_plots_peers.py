@@ -1,0 +1,65 @@
+"""The peers table (plots/peers.py): which systems are peers, and best-of-ours vs best-peer rows,
+on the shipped main job's results with a peer added (a copy of one system's rows renamed)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from plots.io import load_results
+from plots.peers import is_peer, peer_systems, peers_table
+from plots.tables import render_markdown
+
+RESULTS = "testbed/smollm2/round3/main_job/results.csv"
+
+
+def test_peers_are_vllm_methods_and_dflash_without_liliprop():
+    ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}, "liliprop": None}
+    stock = {"speculative_config": {"method": "dflash", "model": "d"}, "liliprop": None,
+             "without_liliprop": True}
+    ours = {"speculative_config": {"method": "dflash", "model": "d"}, "liliprop": {"rule": "dels"}}
+    dspark = {"speculative_config": {"method": "dspark", "model": "d"}, "liliprop": None}
+    plain = {"speculative_config": None, "liliprop": None}
+    assert [is_peer(json.dumps(c)) for c in (ngram, stock, ours, dspark, plain)] == \
+        [True, True, False, False, False]
+    assert not is_peer("not json") and not is_peer(float("nan"))
+
+
+def _with_peer(df: pd.DataFrame, copy_of: str, factor: float) -> pd.DataFrame:
+    peer = df[df["system"] == copy_of].copy()
+    peer["system"] = "ngram"
+    peer["system_config"] = json.dumps({"speculative_config": {"method": "ngram"}, "liliprop": None})
+    peer["speedup"] = peer["speedup"] * factor
+    return pd.concat([df, peer], ignore_index=True)
+
+
+@pytest.mark.parametrize("factor, verdict", [(0.8, "yes"), (1.3, "**no**")])
+def test_best_of_ours_against_best_peer(factor, verdict):
+    df = _with_peer(load_results(RESULTS), "DFlash", factor)
+    assert peer_systems(df) == {"ngram"}
+    table = peers_table(df)
+    average = next(r for r in table.rows if r.labels[0] == "Average")
+    best_ours, _, best_peer, peer_cell, met = average.extras
+    assert best_ours == "DFlash" and best_peer == "ngram"  # DFlash leads ours in that job
+    assert "[" in peer_cell and met == verdict  # the interval is shown
+    assert "ours >= peer" in render_markdown(table)
+    assert len(table.rows) == 8  # seven benchmarks and their average
+
+
+def test_no_peer_is_a_clear_skip():
+    with pytest.raises(ValueError, match="peer"):
+        peers_table(load_results(RESULTS))
+
+
+def test_summary_adds_the_table_only_with_both_kinds(tmp_path):
+    from eval.summary import summary_text
+
+    df = load_results(RESULTS)
+    both = _with_peer(df, "DFlash", 0.9)
+    peers_only = both[both["system"].isin(["AR", "ngram"])]
+    paths = {}
+    for name, frame in (("both", both), ("peers_only", peers_only)):
+        paths[name] = tmp_path / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    assert "against the peers" in summary_text(paths["both"])
+    assert "against the peers" not in summary_text(paths["peers_only"])

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The n-gram peer's k and lookup lengths, chosen on held-out conversations (never on the
+# benchmarks): the user turns of testbed/smollm2/data/heldout_regenerated.jsonl.gz (Magpie
+# prompts held out of every draft's training) as a testbed suite, a small grid of vLLM's
+# prompt-lookup settings, paired speedups at T = 0, c = 1 in the main job's timing setup.
+# Usage: bash tools/ngram_choice.sh [OUT_DIR] [extra eval args]; hold the measure lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+out=${1:-results/ngram_choice}; shift || true
+mkdir -p "$out/data/testbed"
+zcat testbed/smollm2/data/heldout_regenerated.jsonl.gz > "$out/heldout.jsonl"
+.venv/bin/python -m tools.heldout_suite --input "$out/heldout.jsonl" --output "$out/data/testbed/heldout.jsonl"
+target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
+dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
+grid=()
+names=AR
+for setting in 3:1:3 2:2:4 3:2:4 5:2:4 3:3:5 5:3:5; do
+    IFS=: read -r k lo hi <<< "$setting"
+    name="ngram-k$k-n$lo-$hi"
+    names="$names,$name"
+    grid+=(--system "$name={\"speculative_config\": {\"method\": \"ngram\", \"num_speculative_tokens\": $k, \"prompt_lookup_min\": $lo, \"prompt_lookup_max\": $hi}}")
+done
+.venv/bin/python -m eval run --target "$target" --systems testbed/smollm2/systems.json "${grid[@]}" \
+    --only "$names" --benchmarks testbed-heldout --data-dir "$out/data" --limit 12 \
+    --temperatures 0 --concurrency 1 --max-tokens 48 --warmup-tokens 8 --paired \
+    --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' \
+    --results "$out/results.csv" "$@"
