@@ -1,0 +1,82 @@
+"""A run row at concurrency 1 measured one prompt at a time, with --paired its AR reference
+interleaved prompt by prompt.
+
+Why: an interval over prompts needs prompts measured independently. Measured as one batch, a
+row's prompts share one AR reference batch run seconds earlier, so a slow moment of the machine
+shifts every prompt of the row alike and resampling prompts would not see it. Here AR runs on
+each prompt right beside the system's run of the same prompt, in alternating order (AR first on
+even prompts, the system first on odd ones), so that a machine speeding up or slowing down over
+a row favours neither arm. At c = 1 the engine runs one request at a time anyway, so a row's
+work is that of its batch; each prompt starts on an emptied prefix cache, both arms alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from eval.paired import CheckedReference, checked_reference
+
+# Which arm runs first on the i-th prompt: ORDER[i % 2].
+ORDER = (("reference", "system"), ("system", "reference"))
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What the runner reads of vLLM's BatchResult, summed over a row's prompts."""
+    output_tokens: int
+    wall_s: float
+    counters: object = None  # SpecDecodeCounters (supports +)
+    output_hashes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ByPrompt:
+    result: Totals
+    reference: CheckedReference | None  # the prompts' references together; outlier if any is
+    prompt_rows: list[dict]  # eval.prompt_results.PROMPT_COLUMNS
+    references: list[CheckedReference]  # one per prompt (for the runner's log)
+
+
+def measure_by_prompt(conversations: Sequence[Sequence[str]], example_ids: Sequence[str],
+                      run_system: Callable[[int], object],
+                      run_reference: Callable[[int], object] | None = None,
+                      job_rates: Sequence[float] = ()) -> ByPrompt:
+    """run_system(i) / run_reference(i): the system's / AR's BatchResult on conversation i alone.
+    Each reference is checked against job_rates (eval.paired) like a whole row's was."""
+    results, references, rows = [], [], []
+    for i, example_id in enumerate(example_ids[: len(conversations)]):
+        arms = {"system": lambda: run_system(i)}
+        if run_reference is not None:
+            arms["reference"] = lambda: checked_reference(lambda: run_reference(i), list(job_rates))
+        done = {arm: arms[arm]() for arm in ORDER[i % 2] if arm in arms}
+        results.append(done["system"])
+        references.append(done.get("reference"))
+        rows.append(_prompt_row(i, example_id, done["system"], done.get("reference")))
+    checked = [r for r in references if r is not None]
+    return ByPrompt(_totals(results), _together(checked) if checked else None, rows, checked)
+
+
+def _prompt_row(i: int, example_id: str, result, reference: CheckedReference | None) -> dict:
+    counters = result.counters
+    return {"prompt": i, "example_id": example_id, "output_tokens": result.output_tokens,
+            "wall_s": result.wall_s, "num_drafts": counters.num_drafts,
+            "num_accepted_tokens": counters.num_accepted_tokens,
+            "paired_ar_output_tokens": reference.result.output_tokens if reference else math.nan,
+            "paired_ar_wall_s": reference.result.wall_s if reference else math.nan,
+            "paired_ar_retries": reference.retries if reference else math.nan,
+            "paired_ar_outlier": int(reference.outlier) if reference else math.nan}
+
+
+def _totals(results: list) -> Totals:
+    counters = results[0].counters
+    for r in results[1:]:
+        counters = counters + r.counters
+    return Totals(sum(r.output_tokens for r in results), sum(r.wall_s for r in results), counters,
+                  [h for r in results for h in r.output_hashes])
+
+
+def _together(references: list[CheckedReference]) -> CheckedReference:
+    result = Totals(sum(r.result.output_tokens for r in references), sum(r.result.wall_s for r in references))
+    return CheckedReference(result, sum(r.retries for r in references), any(r.outlier for r in references))
