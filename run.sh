@@ -4,13 +4,16 @@
 # shipped in testbed/smollm2/, over the seven benchmarks, through real vLLM engines; print the
 # tables and write the plots. Extra arguments go to both `python -m eval run` calls (e.g.
 # --limit 4, --only AR,DFlash). LILIPROP_OUT moves the results (default results/smollm2).
-# Quiet by default: vLLM and the other libraries log at WARNING; --verbose (or LILIPROP_VERBOSE=1)
-# shows their INFO lines and load bars (vllm_liliprop/quiet.py).
+# Quiet by default: vLLM's and the other libraries' logs go to $out/main_job.log (LILIPROP_LOG),
+# only their errors to the console; --verbose (or LILIPROP_VERBOSE=1) shows them all on the
+# console, INFO lines and load bars included (vllm_liliprop/quiet.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 source scripts/env.sh
 out=${LILIPROP_OUT:-results/smollm2}
+export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
+mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 # The headline systems (plain decoding, DFlash, LiLiCorr, DSpark, DeLS-Markov) on three prompts of
 # each benchmark: 21 paired ratios per system narrow the headline interval in about the time that
@@ -45,3 +48,7 @@ run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager":
 .venv/bin/python -m plots all --results "$out/results.csv" --lossless "$out/lossless.csv" --out "$out/plots"
 echo "results tables: $out/results.csv (speed, bf16), $out/lossless.csv (identity, fp32)"
 echo "plots and tables: $out/plots/index.md"
+count() { grep -c " $1 " "$LILIPROP_LOG" || true; }
+if [ -s "$LILIPROP_LOG" ]; then
+    echo "library logs: $LILIPROP_LOG ($(count WARNING) warnings, $(count ERROR) errors)"
+fi
