@@ -8,6 +8,13 @@ each prompt right beside the system's run of the same prompt, in alternating ord
 even prompts, the system first on odd ones), so that a machine speeding up or slowing down over
 a row favours neither arm. At c = 1 the engine runs one request at a time anyway, so a row's
 work is that of its batch; each prompt starts on an emptied prefix cache, both arms alike.
+
+With `repeats` R > 1 each prompt is timed R times per arm, the order alternating run after run
+(AR, system, system, AR, ...), and each arm keeps its fastest run: on a machine shared with
+other jobs, a run is only ever slowed down (measured here: AR on consecutive prompts at 5 to 59
+tokens/s), so the fastest of R estimates the run's own cost, and the ratio of two fastest runs
+the speedup on a machine to itself. Counters and outputs are the fastest run's (at T = 0 every
+repeat generates the same tokens).
 """
 
 from __future__ import annotations
@@ -42,20 +49,33 @@ class ByPrompt:
 def measure_by_prompt(conversations: Sequence[Sequence[str]], example_ids: Sequence[str],
                       run_system: Callable[[int], object],
                       run_reference: Callable[[int], object] | None = None,
-                      job_rates: Sequence[float] = ()) -> ByPrompt:
+                      job_rates: Sequence[float] = (), repeats: int = 1) -> ByPrompt:
     """run_system(i) / run_reference(i): the system's / AR's BatchResult on conversation i alone.
-    Each reference is checked against job_rates (eval.paired) like a whole row's was."""
+    Each reference run is checked against job_rates (eval.paired) like a whole row's was."""
     results, references, rows = [], [], []
     for i, example_id in enumerate(example_ids[: len(conversations)]):
         arms = {"system": lambda: run_system(i)}
         if run_reference is not None:
             arms["reference"] = lambda: checked_reference(lambda: run_reference(i), list(job_rates))
-        done = {arm: arms[arm]() for arm in ORDER[i % 2] if arm in arms}
-        results.append(done["system"])
-        references.append(done.get("reference"))
-        rows.append(_prompt_row(i, example_id, done["system"], done.get("reference")))
+        runs = {arm: [] for arm in arms}
+        for r in range(repeats):
+            for arm in ORDER[(i + r) % 2]:
+                if arm in arms:
+                    runs[arm].append(arms[arm]())
+        system = min(runs["system"], key=lambda result: result.wall_s)
+        reference = _fastest_reference(runs["reference"]) if "reference" in runs else None
+        results.append(system)
+        references.append(reference)
+        rows.append(_prompt_row(i, example_id, system, reference))
     checked = [r for r in references if r is not None]
     return ByPrompt(_totals(results), _together(checked) if checked else None, rows, checked)
+
+
+def _fastest_reference(checked: list[CheckedReference]) -> CheckedReference:
+    """The fastest run that is not an outlier (else the fastest), with every repeat's retries."""
+    usable = [c for c in checked if not c.outlier] or checked
+    best = max(usable, key=lambda c: c.tokens_per_s)
+    return CheckedReference(best.result, sum(c.retries for c in checked), best.outlier)
 
 
 def _prompt_row(i: int, example_id: str, result, reference: CheckedReference | None) -> dict:

@@ -65,6 +65,8 @@ class Protocol:
     # engine kept open beside the system's, and take the speedup over that run: side by side,
     # so a machine whose speed drifts during a campaign still gives each ratio in one moment.
     paired: bool = False
+    # At c = 1: timed runs of each prompt (arms interleaved), each arm's fastest kept (eval.by_prompt).
+    repeats: int = 1
 
     def seeds_for(self, temperature: float) -> tuple[int, ...]:
         return self.seeds if temperature > 0 else self.seeds[:1]
@@ -74,8 +76,9 @@ class Protocol:
         fields = asdict(self)
         for key in ("temperatures", "seeds", "concurrency"):
             fields.pop(key)
-        if not fields["paired"]:
-            fields.pop("paired")  # the record of runs from before the option existed
+        for name, default in (("paired", False), ("repeats", 1)):
+            if fields[name] == default:
+                fields.pop(name)  # the record of runs from before the option existed
         fields.update(chat_template_kwargs=chat_kwargs, top_p=1.0, top_k=0)
         return json.dumps(fields, sort_keys=True)
 
@@ -298,7 +301,7 @@ class Campaign:
         measured = measure_by_prompt(
             conversations, [e.id for e in m.examples],
             lambda i: engine.run_batch(conversations[i:i + 1], render, sampling, first_index=i),
-            run_reference, job_rates)
+            run_reference, job_rates, p.repeats)
         for checked in measured.references:
             paired.log_retries(m, checked, job_rates)
         return measured.result, render.num_truncated - before, measured.reference, measured.prompt_rows

@@ -166,3 +166,21 @@ def test_plots_and_eval_agree_on_the_per_prompt_file():
 
     assert prompt_rows.SUFFIX == prompt_results.SUFFIX
     assert set(prompt_rows.KEY + ["prompt"] + list(prompt_rows.ARRAYS.values())) <= set(prompt_results.COLUMNS)
+
+
+def test_repeats_interleave_abba_and_keep_each_arms_fastest_run():
+    calls = []
+    walls = {"system": iter([0.9, 0.6, 0.7, 0.8]), "AR": iter([1.0, 1.9, 1.5, 1.2])}
+
+    def arm(name):
+        def run(i):
+            calls.append((name, i))
+            return Batch(48, next(walls[name]), SpecDecodeCounters(10, 30, 5, (3,)))
+        return run
+
+    measured = measure_by_prompt([["a"], ["b"]], ["x", "y"], arm("system"), arm("AR"), [40.0], repeats=2)
+    assert calls == [("AR", 0), ("system", 0), ("system", 0), ("AR", 0),
+                     ("system", 1), ("AR", 1), ("AR", 1), ("system", 1)]
+    assert [r["wall_s"] for r in measured.prompt_rows] == [0.6, 0.7]
+    assert [r["paired_ar_wall_s"] for r in measured.prompt_rows] == [1.0, 1.2]
+    assert measured.result.counters.num_drafts == 20  # the fastest runs' counters, not all four
