@@ -184,3 +184,15 @@ def test_repeats_interleave_abba_and_keep_each_arms_fastest_run():
     assert [r["wall_s"] for r in measured.prompt_rows] == [0.6, 0.7]
     assert [r["paired_ar_wall_s"] for r in measured.prompt_rows] == [1.0, 1.2]
     assert measured.result.counters.num_drafts == 20  # the fastest runs' counters, not all four
+
+
+def test_figure_error_bars_use_the_prompts_of_a_one_row_cell(tmp_path):
+    from plots.select import interval_errors, seed_mean
+
+    rows = load_results(_write(tmp_path, *_job(6, 0.05)))
+    dflash = rows[rows["system"] == "DFlash"]
+    by = ["system", "benchmark"]
+    cells = seed_mean(dflash, by, "speedup")
+    errors = interval_errors(dflash, by, "speedup", cells)
+    assert (errors > 0).all()  # one row per cell, yet a bar: its six prompts
+    assert (errors < 0.2).all()
