@@ -15,12 +15,16 @@ out=${LILIPROP_OUT:-results/smollm2}
 export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
 mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-# The headline systems (plain decoding, DFlash, LiLiCorr, DSpark, DeLS-Markov) on three prompts of
-# each benchmark: 21 paired ratios per system narrow the headline interval in about the time that
-# nine systems on one prompt each took. LILIPROP_SYSTEMS=all (or a list) picks others.
+# The headline, DFlash against plain decoding, on ten prompts of each benchmark, each prompt timed
+# twice per arm beside AR (fastest kept): 70 paired ratios put the headline interval (resampled
+# over prompts within each benchmark) near +-0.05 in about 15 minutes on 2 cores; each further
+# system costs about 5 more. LILIPROP_SYSTEMS=all (or a list: AR,DFlash,LiLiCorr-greedy,DSpark,
+# DeLS-Markov were the headline before) picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
-systems=${LILIPROP_SYSTEMS:-AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov}
+systems=${LILIPROP_SYSTEMS:-AR,DFlash}
 [ "$systems" = all ] && systems=$all_systems
+prompts=${LILIPROP_PROMPTS:-10}
+repeats=${LILIPROP_REPEATS:-2}
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \
@@ -31,16 +35,17 @@ run() {
 # else fp32; LILIPROP_DTYPE overrides): a host without fast bf16 would otherwise make every system
 # pay bf16's emulation in each verification pass (issue 34).
 dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
-# --paired: AR runs again on each system's prompts just before it (an AR engine kept open), so
-# every speedup is a ratio measured side by side even when the machine's speed drifts.
-echo "[main job] 1/2: speed, $dtype (tables below)"
+# --paired: AR runs again on each prompt beside the system (an AR engine kept open), so every
+# speedup is a ratio measured side by side even when the machine's speed drifts; --repeats: the
+# fastest of that many interleaved runs per arm (eval/by_prompt.py).
+echo "[main job] 1/2: speed, $dtype, $prompts prompts a benchmark, fastest of $repeats (tables below)"
 run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired \
-    --max-tokens 48 --warmup-tokens 8 \
+    --limit "$prompts" --repeats "$repeats" --max-tokens 48 --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token
 # decode step, so outputs can part at near-ties for any drafter (eval/README.md).
-echo "[main job] 2/2: greedy output against plain decoding, fp32, same prompts, first 32 tokens"
+echo "[main job] 2/2: greedy output against plain decoding, fp32, the first 3 prompts, first 32 tokens"
 # Nothing of this pass is timed, so it needs no warm-up batch (a third of its generation).
 run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager": true}' --max-tokens 32 --warmup-tokens 0 \
     --results "$out/lossless.csv" --no-summary "$@"
