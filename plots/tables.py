@@ -16,6 +16,7 @@ import pandas as pd
 
 from plots.intervals import mean_interval
 from plots.paired import without_outlier_speedups
+from plots.prompt_rows import prompt_sample
 from plots.select import (
     Selection,
     ordered_unique,
@@ -26,8 +27,8 @@ from plots.select import (
     system_order,
     target_label,
 )
-from plots.prompt_rows import prompt_sample
-from plots.table_intervals import INTERVAL_VALUES, NOTE, PROMPT_NOTE, cell_interval, pooled_interval, prompt_interval
+from plots.table_intervals import (INTERVAL_VALUES, NOTE, PROMPT_NOTE, cell_interval, pooled_interval,
+                                   prompt_interval)
 
 # metric -> (caption name, decimals, unit suffix, direction of "best")
 METRICS = {
@@ -170,8 +171,8 @@ def add_intervals(table: Table, rows: pd.DataFrame, value: str, labels: list[str
         else:
             above.setdefault(other, []).append(row)
             data = _matching(rows, labels, row.labels)
-            ivs = [prompt_interval([data[data["system"] == s]], value, v) or cell_interval(data[data["system"] == s], value, v)
-                   for s, v in zip(table.value_header, row.values)]
+            ivs = [prompt_interval([data[data["system"] == s]], value, v)
+                   or cell_interval(data[data["system"] == s], value, v) for s, v in zip(table.value_header, row.values)]
         # AR's tau and speedup are 1 by definition: no interval to show.
         row.cells = [table.cell_text(iv.point) + table.unit if s == "AR" and not math.isnan(iv.point)
                      else iv.text(table.digits, table.unit) for s, iv in zip(table.value_header, ivs)]
