@@ -304,7 +304,9 @@ class Campaign:
             run_reference, job_rates, p.repeats)
         for checked in measured.references:
             paired.log_retries(m, checked, job_rates)
-        return measured.result, render.num_truncated - before, measured.reference, measured.prompt_rows
+        # Each repeat renders the prompts again: count each cut prompt once.
+        truncated = (render.num_truncated - before) // p.repeats
+        return measured.result, truncated, measured.reference, measured.prompt_rows
 
     def _measure(self, engine, render, m: Measurement, offline,
                  paired: "_PairedBaseline | None" = None) -> tuple[list[dict], list[dict]]:
