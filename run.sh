@@ -16,10 +16,10 @@ export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
 mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 # The headline, DFlash against plain decoding, on ten prompts of each benchmark, each prompt timed
-# twice per arm beside AR (fastest kept): 70 paired ratios put the headline interval (resampled
-# over prompts within each benchmark) near +-0.05 in about 15 minutes on 2 cores; each further
-# system costs about 5 more. LILIPROP_SYSTEMS=all (or a list: AR,DFlash,LiLiCorr-greedy,DSpark,
-# DeLS-Markov were the headline before) picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
+# twice per arm beside AR (fastest kept): 70 paired ratios, the headline interval resampled over
+# prompts within each benchmark (eval/README.md). Every further system adds about as much time as
+# DFlash. LILIPROP_SYSTEMS=all (or a list: AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov were the
+# headline before) picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
 systems=${LILIPROP_SYSTEMS:-AR,DFlash}
 [ "$systems" = all ] && systems=$all_systems
