@@ -83,16 +83,23 @@ def cell_interval(rows: pd.DataFrame, value: str, point: float) -> Interval:
     return mean_interval(numbers(rows, value), point=point)
 
 
+def resamples_prompts(rows: pd.DataFrame) -> bool:
+    """Whether every row has per-prompt rows, at least two: a row of one prompt has nothing to
+    resample, and the interval over rows says more."""
+    sample = prompt_sample(rows)
+    return sample is not None and min(len(r["tokens"]) for r in sample) >= 2
+
+
 def prompt_interval(cells: list[pd.DataFrame], value: str, point: float, pooled: bool = False) -> Interval | None:
     """The interval over prompts (module docstring) of the mean over `cells` of each cell's mean
     over its rows of the row's value, or with `pooled` of the value over every prompt at once;
-    None unless every row (with a value) has its per-prompt rows."""
+    None unless every row (with a value) has per-prompt rows, at least two."""
     if value not in PROMPT_STATISTICS:
         return None
     cells = [c[c[value].notna()] for c in cells]
-    samples = [prompt_sample(c) for c in cells]
-    if any(s is None for s in samples):
+    if not all(resamples_prompts(c) for c in cells):
         return None
+    samples = [prompt_sample(c) for c in cells]
     names, formula = PROMPT_STATISTICS[value]
     rows = [r for sample in samples for r in sample]
     bounds = np.cumsum([0] + [len(s) for s in samples])

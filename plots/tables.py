@@ -16,7 +16,6 @@ import pandas as pd
 
 from plots.intervals import mean_interval
 from plots.paired import without_outlier_speedups
-from plots.prompt_rows import prompt_sample
 from plots.select import (
     Selection,
     ordered_unique,
@@ -28,7 +27,7 @@ from plots.select import (
     target_label,
 )
 from plots.table_intervals import (INTERVAL_VALUES, NOTE, PROMPT_NOTE, cell_interval, pooled_interval,
-                                   prompt_interval)
+                                   prompt_interval, resamples_prompts)
 
 # metric -> (caption name, decimals, unit suffix, direction of "best")
 METRICS = {
@@ -176,7 +175,7 @@ def add_intervals(table: Table, rows: pd.DataFrame, value: str, labels: list[str
         # AR's tau and speedup are 1 by definition: no interval to show.
         row.cells = [table.cell_text(iv.point) + table.unit if s == "AR" and not math.isnan(iv.point)
                      else iv.text(table.digits, table.unit) for s, iv in zip(table.value_header, ivs)]
-    table.notes.append(PROMPT_NOTE if prompt_sample(rows[rows["system"] != "AR"]) else NOTE)
+    table.notes.append(PROMPT_NOTE if resamples_prompts(rows[rows["system"] != "AR"]) else NOTE)
 
 
 def _matching(rows: pd.DataFrame, columns: list[str], shown: list[str]) -> pd.DataFrame:

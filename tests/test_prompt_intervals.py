@@ -196,3 +196,9 @@ def test_figure_error_bars_use_the_prompts_of_a_one_row_cell(tmp_path):
     errors = interval_errors(dflash, by, "speedup", cells)
     assert (errors > 0).all()  # one row per cell, yet a bar: its six prompts
     assert (errors < 0.2).all()
+
+
+def test_one_prompt_a_benchmark_keeps_the_interval_over_benchmarks(tmp_path):
+    table = markdown_table(load_results(_write(tmp_path, *_job(1, 0.03))), value="speedup")
+    assert "n=7, no interval" not in _average(table) and "[" in _average(table)
+    assert "| humaneval | 1.00× | **1.24× (n=1, no interval)** |" in table and PROMPT_NOTE not in table
