@@ -38,7 +38,7 @@ dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
 # --paired: AR runs again on each prompt beside the system (an AR engine kept open), so every
 # speedup is a ratio measured side by side even when the machine's speed drifts; --repeats: the
 # fastest of that many interleaved runs per arm (eval/by_prompt.py).
-echo "[main job] 1/2: speed, $dtype, $prompts prompts a benchmark, fastest of $repeats (tables below)"
+echo "[main job] 1/2: speed, $dtype, LILIPROP_PROMPTS=$prompts, LILIPROP_REPEATS=$repeats (arguments win; tables below)"
 run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired \
     --limit "$prompts" --repeats "$repeats" --max-tokens 48 --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
