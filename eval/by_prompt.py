@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eval.paired import CheckedReference, checked_reference
+from plots.paired import is_outlier
 
 # Which arm runs first on the i-th prompt: ORDER[i % 2].
 ORDER = (("reference", "system"), ("system", "reference"))
@@ -68,7 +69,7 @@ def measure_by_prompt(conversations: Sequence[Sequence[str]], example_ids: Seque
         references.append(reference)
         rows.append(_prompt_row(i, example_id, system, reference))
     checked = [r for r in references if r is not None]
-    return ByPrompt(_totals(results), _together(checked) if checked else None, rows, checked)
+    return ByPrompt(_totals(results), _together(checked, job_rates) if checked else None, rows, checked)
 
 
 def _fastest_reference(checked: list[CheckedReference]) -> CheckedReference:
@@ -97,6 +98,10 @@ def _totals(results: list) -> Totals:
                   [h for r in results for h in r.output_hashes])
 
 
-def _together(references: list[CheckedReference]) -> CheckedReference:
+def _together(references: list[CheckedReference], job_rates: Sequence[float]) -> CheckedReference:
+    """The row's reference: its prompts' runs summed, an outlier when that sum's tokens/s is one
+    (the rule a row's reference batch met before rows were measured prompt by prompt; one prompt
+    still stalled after its retries no longer costs the row its speedup)."""
     result = Totals(sum(r.result.output_tokens for r in references), sum(r.result.wall_s for r in references))
-    return CheckedReference(result, sum(r.retries for r in references), any(r.outlier for r in references))
+    rate = result.output_tokens / result.wall_s if result.wall_s > 0 else math.nan
+    return CheckedReference(result, sum(r.retries for r in references), is_outlier(rate, list(job_rates)))
