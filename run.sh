@@ -4,30 +4,39 @@
 # shipped in testbed/smollm2/, over the seven benchmarks, through real vLLM engines; print the
 # tables and write the plots. Extra arguments go to both `python -m eval run` calls (e.g.
 # --limit 4, --only AR,DFlash). LILIPROP_OUT moves the results (default results/smollm2).
-# Quiet by default: vLLM and the other libraries log at WARNING; --verbose (or LILIPROP_VERBOSE=1)
-# shows their INFO lines and load bars (vllm_liliprop/quiet.py).
+# Quiet by default: vLLM's and the other libraries' logs go to $out/main_job.log (LILIPROP_LOG),
+# only their errors to the console; --verbose (or LILIPROP_VERBOSE=1) shows them all on the
+# console, INFO lines and load bars included (vllm_liliprop/quiet.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 source scripts/env.sh
 out=${LILIPROP_OUT:-results/smollm2}
+export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
+mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-# The headline systems (plain decoding, DFlash, LiLiCorr, DSpark, DeLS-Markov) on three prompts of
-# each benchmark: 21 paired ratios per system narrow the headline interval in about the time that
-# nine systems on one prompt each took. LILIPROP_SYSTEMS=all (or a list) picks others.
+# By default plain decoding, DFlash, LiLiCorr and the n-gram peer on ten prompts of each benchmark,
+# each prompt timed twice per arm beside AR (fastest kept): 70 paired ratios a system, intervals
+# resampled over prompts within each benchmark (eval/README.md). Each system adds about as much time
+# as DFlash. LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
+# all (this package's nine) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
 headline=AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov
 # LILIPROP_SYSTEMS=peers: the headline systems beside the peers a user would pick instead (vLLM's
 # n-gram proposer, the DFlash draft on vLLM's own proposer, suffix decoding where
 # scripts/install_suffix.sh has installed arctic-inference); the tables add "best of ours
-# against best peer" (plots/peers.py).
+# against best peer" (plots/peers.py). The default adds the paper's method and the cheapest peer
+# to the headline pair, so the README's table answers "is a trained draft worth it here".
 peers=ngram,DFlash-vLLM
 .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null && peers=$peers,suffix
-systems=${LILIPROP_SYSTEMS:-$headline}
+systems=${LILIPROP_SYSTEMS:-AR,DFlash,LiLiCorr-greedy,ngram}
 case "$systems" in
     all) systems=$all_systems ;;
+    headline) systems=$headline ;;
     peers) systems=$headline,$peers ;;
 esac
+prompts=${LILIPROP_PROMPTS:-10}
+repeats=${LILIPROP_REPEATS:-2}
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \
@@ -38,16 +47,17 @@ run() {
 # else fp32; LILIPROP_DTYPE overrides): a host without fast bf16 would otherwise make every system
 # pay bf16's emulation in each verification pass (issue 34).
 dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
-# --paired: AR runs again on each system's prompts just before it (an AR engine kept open), so
-# every speedup is a ratio measured side by side even when the machine's speed drifts.
-echo "[main job] 1/2: speed, $dtype (tables below)"
+# --paired: AR runs again on each prompt beside the system (an AR engine kept open), so every
+# speedup is a ratio measured side by side even when the machine's speed drifts; --repeats: the
+# fastest of that many interleaved runs per arm (eval/by_prompt.py).
+echo "[main job] 1/2: speed, $dtype, LILIPROP_PROMPTS=$prompts, LILIPROP_REPEATS=$repeats (arguments win; tables below)"
 run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired \
-    --max-tokens 48 --warmup-tokens 8 \
+    --limit "$prompts" --repeats "$repeats" --max-tokens 48 --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token
 # decode step, so outputs can part at near-ties for any drafter (eval/README.md).
-echo "[main job] 2/2: greedy output against plain decoding, fp32, same prompts, first 32 tokens"
+echo "[main job] 2/2: greedy output against plain decoding, fp32, the first 3 prompts, first 32 tokens"
 # Nothing of this pass is timed, so it needs no warm-up batch (a third of its generation).
 run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager": true}' --max-tokens 32 --warmup-tokens 0 \
     --results "$out/lossless.csv" --no-summary "$@"
@@ -55,3 +65,7 @@ run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager":
 .venv/bin/python -m plots all --results "$out/results.csv" --lossless "$out/lossless.csv" --out "$out/plots"
 echo "results tables: $out/results.csv (speed, bf16), $out/lossless.csv (identity, fp32)"
 echo "plots and tables: $out/plots/index.md"
+count() { grep -c " $1 " "$LILIPROP_LOG" || true; }
+if [ -s "$LILIPROP_LOG" ]; then
+    echo "library logs: $LILIPROP_LOG ($(count WARNING) warnings, $(count ERROR) errors)"
+fi

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="run AR again on each system row's prompts just before it, with an AR "
                                "engine kept open, and take the speedup over that run (ratios measured "
                                "side by side on a machine whose speed drifts)")
+    protocol.add_argument("--repeats", type=int, default=1,
+                          help="at c = 1, time each prompt this many times, the arms interleaved in "
+                               "alternating order, and keep each arm's fastest run (a busy machine "
+                               "only ever slows a run down; eval/by_prompt.py)")
     protocol.add_argument("--warmup-requests", type=int,
                           help="warm-up batch size before each timed batch (default: the concurrency)")
     protocol.add_argument("--warmup-tokens", type=int, default=16)
@@ -193,7 +197,7 @@ def fetch_command(args) -> int:
 def run_command(args) -> int:
     for flag, value, least in (("--limit", args.limit, 1), ("--max-tokens", args.max_tokens, 1),
                                ("--warmup-requests", args.warmup_requests, 0),
-                               ("--warmup-tokens", args.warmup_tokens, 0)):
+                               ("--warmup-tokens", args.warmup_tokens, 0), ("--repeats", args.repeats, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} = {value} must be >= {least}")
     variables = {}
@@ -229,7 +233,7 @@ def run_command(args) -> int:
         concurrency=tuple(sorted(set(args.concurrency))), max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos, warmup_requests=args.warmup_requests,
         warmup_tokens=min(args.warmup_tokens, args.max_tokens), prompt_format=args.prompt_format,
-        source=args.source, limit=args.limit, paired=args.paired,
+        source=args.source, limit=args.limit, paired=args.paired, repeats=args.repeats,
     )
     # Files from `fetch-data` carry their provenance (partial sets) into every results row.
     provenance = ({n: data_provenance(n, args.data_dir) for n in names} if args.source == "local"

@@ -9,7 +9,10 @@ unfinished rows (resume).
 
 Each measurement: a warm-up batch (the first `warmup_requests` conversations, first turn,
 `warmup_tokens` tokens, same sampling), then the timed batch on an emptied prefix cache; counters
-and wall time cover the timed batch only. T = 0 runs once (seed column = the first seed), T > 0
+and wall time cover the timed batch only. A run row at c = 1 runs its timed batch one prompt at a
+time, with `Protocol.paired` AR's reference interleaved prompt by prompt, and writes one row per
+prompt to the per-prompt file beside the results (eval.by_prompt, eval.prompt_results): the
+intervals resample those prompts. T = 0 runs once (seed column = the first seed), T > 0
 once per seed (each request derives its own sampling seed from it).
 
 Stage rows (kind == "stage"): for the systems named in `stage_systems`, at c = 1, on
@@ -28,9 +31,11 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Example, measurement_groups
+from eval.by_prompt import measure_by_prompt
 from eval.machine import machine_record
 from eval.metrics import run_metrics, speedup
 from eval.paired import CheckedReference, checked_reference
+from eval.prompt_results import PromptResultsFile
 from eval.prompts import RAW, PromptRenderer
 from eval.results import ResultsFile, git_revision, new_run_id, now
 from eval.systems import BASELINE, System, checkpoint_hash
@@ -60,6 +65,8 @@ class Protocol:
     # engine kept open beside the system's, and take the speedup over that run: side by side,
     # so a machine whose speed drifts during a campaign still gives each ratio in one moment.
     paired: bool = False
+    # At c = 1: timed runs of each prompt (arms interleaved), each arm's fastest kept (eval.by_prompt).
+    repeats: int = 1
 
     def seeds_for(self, temperature: float) -> tuple[int, ...]:
         return self.seeds if temperature > 0 else self.seeds[:1]
@@ -69,8 +76,9 @@ class Protocol:
         fields = asdict(self)
         for key in ("temperatures", "seeds", "concurrency"):
             fields.pop(key)
-        if not fields["paired"]:
-            fields.pop("paired")  # the record of runs from before the option existed
+        for name, default in (("paired", False), ("repeats", 1)):
+            if fields[name] == default:
+                fields.pop(name)  # the record of runs from before the option existed
         fields.update(chat_template_kwargs=chat_kwargs, top_p=1.0, top_k=0)
         return json.dumps(fields, sort_keys=True)
 
@@ -169,6 +177,11 @@ class Campaign:
             "data_provenance": self.data_provenance.get(m.benchmark.name, ""),
         }
 
+    @property
+    def prompt_results(self) -> PromptResultsFile:
+        """The per-prompt rows beside the results file (eval.prompt_results)."""
+        return PromptResultsFile(self.results.path)
+
     def renderer(self, max_prompt_tokens: int | None = None) -> PromptRenderer:
         """A prompt renderer over the target's tokenizer (loaded once)."""
         if self._tokenizer is None:
@@ -215,10 +228,9 @@ class Campaign:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "
                                             f"T={m.temperature:g} s={m.seed}")
-                        ar = (paired.measure(m, self.results.job_rates(m.template, BASELINE))
-                              if paired and m.kind == "run" and not m.system.is_baseline else None)
-                        rows = self._measure(engine, render, m, offline, ar)
+                        rows, prompt_rows = self._measure(engine, render, m, offline, paired)
                         self._log_truncated(m, rows[-1]["num_truncated"], render.max_prompt_tokens)
+                        self.prompt_results.append(rows[-1], prompt_rows)
                         for row in rows:
                             self.results.append(row)
                         written += len(rows)
@@ -242,19 +254,27 @@ class Campaign:
                              f"a prompt in max_model_len = {engine.max_model_len}")
         return limit
 
+    def _warm(self, engine, render, m: Measurement, offline) -> None:
+        """The measurement's warm-up batch (its first conversations, first turn)."""
+        p = self.protocol
+        conversations = [list(e.turns) for e in m.examples]
+        warmup = min(p.warmup_requests or m.concurrency, len(conversations))
+        if warmup > 0 and p.warmup_tokens > 0:
+            engine.run_batch(conversations[:warmup], render,
+                             offline.Sampling(m.temperature, p.warmup_tokens, self._seed(m), p.ignore_eos),
+                             max_turns=1)
+
+    def _seed(self, m: Measurement) -> int | None:
+        return m.seed if m.temperature > 0 else None
+
     def _warm_and_run(self, engine, render, m: Measurement, offline, stages: bool = False):
         """The measurement's warm-up batch, then its timed batch: its BatchResult, with
         `stages` the StageTimes of that batch (else None), and how many of the timed batch's
         prompts (every turn counted) were right-truncated."""
         p = self.protocol
         conversations = [list(e.turns) for e in m.examples]
-        seed = m.seed if m.temperature > 0 else None
-        warmup = min(p.warmup_requests or m.concurrency, len(conversations))
-        if warmup > 0 and p.warmup_tokens > 0:
-            engine.run_batch(conversations[:warmup], render,
-                             offline.Sampling(m.temperature, p.warmup_tokens, seed, p.ignore_eos),
-                             max_turns=1)
-        sampling = offline.Sampling(m.temperature, p.max_tokens, seed, p.ignore_eos)
+        self._warm(engine, render, m, offline)
+        sampling = offline.Sampling(m.temperature, p.max_tokens, self._seed(m), p.ignore_eos)
         # The renderer counts every prompt it cut; the warm-up's cuts are not the row's.
         before = render.num_truncated
         if not stages:
@@ -263,14 +283,40 @@ class Campaign:
             result = engine.run_batch(conversations, render, sampling)
         return result, times, render.num_truncated - before
 
+    def _run_row(self, engine, render, m: Measurement, offline, paired: "_PairedBaseline | None"):
+        """A run row's BatchResult (or Totals), truncated prompts, AR reference (--paired, checked
+        by eval.paired; None without) and per-prompt rows: at c = 1 prompt by prompt
+        (eval.by_prompt), else one batch after its reference batch."""
+        wanted = paired is not None and not m.system.is_baseline
+        job_rates = self.results.job_rates(m.template, BASELINE) if wanted else []
+        if m.concurrency != 1:
+            reference = paired.measure(m, job_rates) if wanted else None
+            result, _, truncated = self._warm_and_run(engine, render, m, offline)
+            return result, truncated, reference, []
+        p = self.protocol
+        conversations = [list(e.turns) for e in m.examples]
+        sampling = offline.Sampling(m.temperature, p.max_tokens, self._seed(m), p.ignore_eos)
+        self._warm(engine, render, m, offline)
+        run_reference = paired.prompt_runner(m, sampling) if wanted else None
+        before = render.num_truncated
+        measured = measure_by_prompt(
+            conversations, [e.id for e in m.examples],
+            lambda i: engine.run_batch(conversations[i:i + 1], render, sampling, first_index=i),
+            run_reference, job_rates, p.repeats)
+        for checked in measured.references:
+            paired.log_retries(m, checked, job_rates)
+        # Each repeat renders the prompts again: count each cut prompt once.
+        truncated = (render.num_truncated - before) // p.repeats
+        return measured.result, truncated, measured.reference, measured.prompt_rows
+
     def _measure(self, engine, render, m: Measurement, offline,
-                 paired_ar: CheckedReference | None = None) -> list[dict]:
-        """The rows of one measurement. paired_ar: AR's run on the same prompts just before
-        (--paired, checked by eval.paired), the speedup's reference; otherwise AR's row in the
-        results file."""
+                 paired: "_PairedBaseline | None" = None) -> tuple[list[dict], list[dict]]:
+        """The rows of one measurement and, for a run row measured prompt by prompt, its
+        per-prompt rows. With `paired`, a run row's reference is AR's run on the same prompts
+        beside it (the speedup's reference); otherwise AR's row in the results file."""
         base = {**m.template, "num_prompts": len(m.examples), "timestamp": now()}
         if m.kind == "run":
-            result, _, truncated = self._warm_and_run(engine, render, m, offline)
+            result, truncated, paired_ar, prompt_rows = self._run_row(engine, render, m, offline, paired)
             row = {**base, "num_truncated": truncated,
                    **run_metrics(result.counters, result.output_tokens, result.wall_s),
                    "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes),
@@ -287,7 +333,7 @@ class Campaign:
             else:
                 baseline = self.results.baseline_tokens_per_s(row, BASELINE)
             row["speedup"] = speedup(row["tokens_per_s"], baseline)
-            return [row]
+            return [row], prompt_rows
         result, times, truncated = self._warm_and_run(engine, render, m, offline, stages=True)
         metrics = {"num_truncated": truncated,
                    **run_metrics(result.counters, result.output_tokens, result.wall_s)}
@@ -295,7 +341,7 @@ class Campaign:
         # "step wall" last: its row marks the measurement as finished for resume.
         names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
         return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
-                 "speedup": math.nan, "output_hashes": "[]"} for s in names]
+                 "speedup": math.nan, "output_hashes": "[]"} for s in names], []
 
 
 class _PairedBaseline:
@@ -329,13 +375,23 @@ class _PairedBaseline:
             return self.campaign._warm_and_run(self.engine, self.render, m, self.offline)[0]
 
         checked = checked_reference(once, job_rates)
+        self.log_retries(m, checked, job_rates)
+        return checked
+
+    def prompt_runner(self, m: Measurement, sampling) -> Callable[[int], object]:
+        """Warm AR's engine for m; then run(i) is AR on m's i-th conversation alone (eval.by_prompt)."""
+        self.open(m.concurrency)
+        self.campaign._warm(self.engine, self.render, m, self.offline)
+        conversations = [list(e.turns) for e in m.examples]
+        return lambda i: self.engine.run_batch(conversations[i:i + 1], self.render, sampling, first_index=i)
+
+    def log_retries(self, m: Measurement, checked: CheckedReference, job_rates: list[float]) -> None:
         if checked.retries:
             median = sorted(job_rates)[len(job_rates) // 2]
             self.campaign.log(f"paired AR reference for {m.system.name} on {m.benchmark.name}: measured "
                               f"{checked.retries + 1} times (job's AR median about {median:.0f} tok/s, last "
                               f"{checked.tokens_per_s:.0f})" + ("; still an outlier, speedup not used"
                                                                  if checked.outlier else ""))
-        return checked
 
     def close(self) -> None:
         if self.engine is not None:

@@ -1,4 +1,5 @@
-"""95% intervals for speedups and acceptance lengths: a percentile bootstrap over prompts (rows).
+"""95% intervals for speedups and acceptance lengths: a percentile bootstrap over prompts (rows),
+or over the prompts within each result row (`stratified_bootstrap`, plots.table_intervals).
 
 Every table cell, average and pooled value is a statistic of some result rows (one row = one
 measurement, in the main job one prompt of one benchmark). Its interval recomputes the same
@@ -54,6 +55,32 @@ def bootstrap(n: int, statistic: Callable[[np.ndarray], np.ndarray], point: floa
     tail = (1.0 - level) / 2.0 * 100.0
     low, high = np.percentile(values, [tail, 100.0 - tail])
     return Interval(point, float(low), float(high), n)
+
+
+def stratified_bootstrap(sizes: list[int], statistic: Callable[[list[np.ndarray]], np.ndarray],
+                         point: float, resamples: int = RESAMPLES, seed: int = SEED,
+                         level: float = LEVEL) -> Interval:
+    """Percentile interval of `statistic` when the rows fall into fixed strata (a result row's
+    prompts): each resample draws every stratum's own number of rows from that stratum, so the
+    strata and their weights stay as measured. statistic(idx) takes one integer array per
+    stratum, of shape (resamples, size), of row indices within it.
+
+    A stratum of n rows resampled gives (n - 1) / n of its mean's variance: the interval is
+    widened about the point by sqrt(n / (n - 1)) for the smallest stratum (1.054 at n = 10),
+    never narrowed. A stratum of one row gives no interval."""
+    n = int(sum(sizes))
+    if not sizes or min(sizes) < 2 or math.isnan(point):
+        return Interval(point, math.nan, math.nan, n)
+    rng = np.random.default_rng(seed)
+    values = np.asarray(statistic([rng.integers(0, k, size=(resamples, k)) for k in sizes]), dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return Interval(point, math.nan, math.nan, n)
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    widen = math.sqrt(min(sizes) / (min(sizes) - 1))
+    return Interval(point, float(point - widen * max(point - low, 0.0)),
+                    float(point + widen * max(high - point, 0.0)), n)
 
 
 def mean_interval(values, point: float | None = None, **kw) -> Interval:

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from plots.prompt_rows import attach_prompt_rows
+
 # Every column some figure or table reads: eval's key columns, then the metrics.
 REQUIRED_COLUMNS = [
     "kind",
@@ -57,7 +59,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(path, keep_default_na=False, na_values={c: ["", "nan", "NaN"] for c in FLOAT_COLUMNS})
     else:
         raise ValueError(f"results file {path} has suffix {suffix!r}; expected .parquet or .csv")
-    return validate_results(df, source=str(path))
+    # Prompts measured one at a time (eval.by_prompt) carry their per-prompt rows: the
+    # intervals resample those.
+    return attach_prompt_rows(validate_results(df, source=str(path)), path)
 
 
 def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from plots.intervals import mean_interval
+from plots.table_intervals import prompt_interval
 
 BASELINE_SYSTEM = "AR"
 # Stage names that measure the whole step rather than one part of it (drawn as a
@@ -126,13 +127,15 @@ def seed_mean(rows: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
 
 def interval_errors(rows: pd.DataFrame, by: list[str], value: str, cells: pd.DataFrame) -> np.ndarray:
     """Error bars [2, len(cells)] for seed_mean's cells: the distance from each cell's value down
-    and up to its 95% bootstrap interval over its rows (plots.intervals); 0 (no bar) where a cell
-    has one row."""
+    and up to its 95% bootstrap interval over its prompts where they were measured one by one
+    (plots.table_intervals.prompt_interval), else over its rows (plots.intervals); 0 (no bar)
+    where a cell has one row and no per-prompt rows."""
     rows = rows[rows[value].notna()]
-    groups = {k if isinstance(k, tuple) else (k,): g[value] for k, g in rows.groupby(by, sort=False)}
+    groups = {k if isinstance(k, tuple) else (k,): g for k, g in rows.groupby(by, sort=False)}
     out = np.zeros((2, len(cells)))
     for i, (_, c) in enumerate(cells.iterrows()):
-        iv = mean_interval(groups.get(tuple(c[by]), []), point=c[value])
+        group = groups.get(tuple(c[by]), rows.iloc[:0])
+        iv = prompt_interval([group], value, c[value]) or mean_interval(group[value], point=c[value])
         if not np.isnan(iv.low):
             out[:, i] = [max(iv.point - iv.low, 0.0), max(iv.high - iv.point, 0.0)]
     return out

@@ -26,7 +26,8 @@ from plots.select import (
     system_order,
     target_label,
 )
-from plots.table_intervals import INTERVAL_VALUES, NOTE, cell_interval, pooled_interval
+from plots.table_intervals import (INTERVAL_VALUES, NOTE, PROMPT_NOTE, cell_interval, pooled_interval,
+                                   prompt_interval, resamples_prompts)
 
 # metric -> (caption name, decimals, unit suffix, direction of "best")
 METRICS = {
@@ -156,21 +157,25 @@ def add_intervals(table: Table, rows: pd.DataFrame, value: str, labels: list[str
         kind = row.labels[bench] if bench is not None else ""
         other = tuple(v for i, v in enumerate(row.labels) if i != bench)
         if kind == "Average":
-            members = above.get(other, [])
-            ivs = [mean_interval([m.values[i] for m in members], point=v) for i, v in enumerate(row.values)]
+            cells = [_matching(rows, labels, m.labels) for m in above.get(other, [])]
+            ivs = [prompt_interval([c[c["system"] == s] for c in cells], value, v)
+                   or mean_interval([m.values[i] for m in above.get(other, [])], point=v)
+                   for i, (s, v) in enumerate(zip(table.value_header, row.values))]
         elif kind == POOLED:
             group = _matching(rows, [c for i, c in enumerate(labels) if i != bench], list(other))
             ar = group[group["system"] == "AR"]
-            ivs = [pooled_interval(group[group["system"] == s], value, ar if len(ar) else None, point=v)
+            ivs = [prompt_interval([group[group["system"] == s]], value, v, pooled=True)
+                   or pooled_interval(group[group["system"] == s], value, ar if len(ar) else None, point=v)
                    for s, v in zip(table.value_header, row.values)]
         else:
             above.setdefault(other, []).append(row)
             data = _matching(rows, labels, row.labels)
-            ivs = [cell_interval(data[data["system"] == s], value, v) for s, v in zip(table.value_header, row.values)]
+            ivs = [prompt_interval([data[data["system"] == s]], value, v)
+                   or cell_interval(data[data["system"] == s], value, v) for s, v in zip(table.value_header, row.values)]
         # AR's tau and speedup are 1 by definition: no interval to show.
         row.cells = [table.cell_text(iv.point) + table.unit if s == "AR" and not math.isnan(iv.point)
                      else iv.text(table.digits, table.unit) for s, iv in zip(table.value_header, ivs)]
-    table.notes.append(NOTE)
+    table.notes.append(PROMPT_NOTE if resamples_prompts(rows[rows["system"] != "AR"]) else NOTE)
 
 
 def _matching(rows: pd.DataFrame, columns: list[str], shown: list[str]) -> pd.DataFrame:

@@ -111,3 +111,18 @@ def test_paired_runs_measure_ar_beside_each_system_row(tiny_models, tmp_path, ca
 
     assert pooled_value(runs[runs["system"] == "DFlash"], "speedup", runs[runs["system"] == "AR"]) == \
         pytest.approx(dflash["speedup"])
+    # c = 1: measured prompt by prompt, AR interleaved; the per-prompt file sums to the rows.
+    prompts = pd.read_csv(tmp_path / "results.prompts.csv")
+    mine = prompts[prompts["system"] == "DFlash"]
+    assert list(mine["prompt"]) == [0, 1] and (mine["run_id"] == dflash["run_id"]).all()
+    assert mine["output_tokens"].sum() == dflash["output_tokens"] == 32
+    assert mine["wall_s"].sum() == pytest.approx(dflash["wall_s"])
+    assert mine["num_drafts"].sum() == dflash["num_drafts"]
+    assert mine["num_accepted_tokens"].sum() == dflash["num_accepted_tokens"]
+    assert mine["paired_ar_wall_s"].sum() == pytest.approx(dflash["paired_ar_wall_s"])
+    assert len(prompts[prompts["system"] == "AR"]) == 2 and prompts.loc[prompts["system"] == "AR",
+                                                                        "paired_ar_wall_s"].isna().all()
+    from plots.io import load_results
+
+    loaded = load_results(tmp_path / "results.csv")
+    assert all(isinstance(p, dict) and len(p["tokens"]) == 2 for p in loaded["prompts"])

@@ -59,3 +59,27 @@ def test_a_tiny_eval_run_prints_no_vllm_info_line(tmp_path):
     assert "eval run " in done.stdout and "| testbed-code |" in done.stdout  # our own lines stay
     assert "Loading safetensors checkpoint shards" not in done.stderr
     assert "FutureWarning" not in done.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_with_a_log_file_the_console_keeps_only_our_lines(tmp_path):
+    """LILIPROP_LOG (the main job's): vLLM's warnings and INFO lines land in the file, none on
+    the console, whose lines are all our own (run line, progress bar, table)."""
+    log = tmp_path / "main_job.log"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", quiet.VERBOSE_ENV)}
+    env.update(PYTHONPATH=str(REPO), VLLM_ENABLE_V1_MULTIPROCESSING="0", LILIPROP_LOG=str(log))
+    command = [sys.executable, "-m", "eval", "run", "--target", str(TINY / "target"),
+               "--systems", str(TINY / "systems.json"), "--var", f"testbed={TINY}", "--only", "AR",
+               "--benchmarks", "testbed-code", "--data-dir", str(TINY / "eval"), "--limit", "1",
+               "--temperatures", "0", "--max-tokens", "8", "--no-progress",
+               "--engine-flags", '{"max_model_len": 512, "enforce_eager": true}',
+               "--results", str(tmp_path / "r.csv")]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    console = done.stdout + done.stderr
+    assert not re.search(r"\b(WARNING|INFO)\b", console), console[-3000:]
+    assert "eval run " in done.stdout and "| testbed-code |" in done.stdout
+    written = log.read_text()
+    assert re.search(r" WARNING vllm", written) and re.search(r" INFO vllm", written)

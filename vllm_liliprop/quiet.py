@@ -2,6 +2,12 @@
 libraries speak at WARNING and above (a tiny `python -m eval run` printed 71 lines, 45 of them
 vLLM's INFO lines, before any table). `--verbose` or LILIPROP_VERBOSE=1 shows everything.
 
+With LILIPROP_LOG=FILE (the main job sets it) the libraries' logs go to FILE instead: vLLM's from
+INFO up, the other libraries' and Python's warnings from WARNING up, and only ERROR and above
+still reach the console. On CPU vLLM warns about a dozen things at every engine start (no
+Triton, no tcmalloc, thread binding, kernels registered again: about 20 lines an engine) that
+are not problems of the run; they stay readable in FILE.
+
 The libraries read their settings from the environment when they are imported, so `quiet` runs
 before they are: at the top of `python -m eval` and in each training command's main. A setting
 already in the environment wins (VLLM_LOGGING_LEVEL=DEBUG still works). Standard library only,
@@ -11,12 +17,18 @@ so any layer may call it.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
+import logging.config
 import os
 import sys
+import tempfile
 import warnings
 
 VERBOSE_ENV = "LILIPROP_VERBOSE"
+LOG_ENV = "LILIPROP_LOG"
+FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d]: %(message)s"
 FLAG = "--verbose"
 # variable -> its quiet value, and what it silences.
 QUIET_ENV = {
@@ -46,8 +58,35 @@ def quiet(verbose: bool = False) -> None:
         os.environ.setdefault(name, value)
     for category in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", category=category)
+    log = os.environ.get(LOG_ENV, "")
     for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.WARNING if log else logging.ERROR)
+    if log:
+        log_to_file(log)
+
+
+def log_to_file(path: str) -> None:
+    """The libraries' logs to `path` (appended), ERROR and above also to stderr. vLLM configures
+    its own logger when imported, from the JSON file named by VLLM_LOGGING_CONFIG_PATH (child
+    processes read it too); everything else reaches the root logger."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handlers = {
+        "file": {"class": "logging.FileHandler", "filename": path, "formatter": "file", "level": "INFO"},
+        "console": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "file",
+                    "level": "ERROR"},
+    }
+    config = {"version": 1, "disable_existing_loggers": False,
+              "formatters": {"file": {"format": FILE_FORMAT}}, "handlers": handlers,
+              "loggers": {"vllm": {"handlers": ["file", "console"], "level": "INFO", "propagate": False}}}
+    vllm_config = os.path.join(tempfile.gettempdir(), f"liliprop-logging-{os.getuid()}-"
+                               f"{hashlib.sha256(path.encode()).hexdigest()[:12]}.json")
+    with open(vllm_config, "w", encoding="utf-8") as out:
+        json.dump(config, out)
+    os.environ.setdefault("VLLM_LOGGING_CONFIG_PATH", vllm_config)
+    root = dict(config, loggers={}, root={"handlers": ["file", "console"], "level": "WARNING"})
+    logging.config.dictConfig(root)
+    logging.captureWarnings(True)  # Python warnings (those not ignored above) to the file too
 
 
 def add_verbose_flag(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,10 @@ class SpecDecodeCounters:
             return tuple(0.0 for _ in self.accepted_per_pos)
         return tuple(a / self.num_drafts for a in self.accepted_per_pos)
 
+    def __add__(self, other: "SpecDecodeCounters") -> "SpecDecodeCounters":
+        """Two runs' figures together (a row measured one prompt at a time)."""
+        return self - (SpecDecodeCounters() - other)
+
     def __sub__(self, earlier: "SpecDecodeCounters") -> "SpecDecodeCounters":
         """Counters are cumulative; the difference of two reads is one run's figures."""
         width = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))

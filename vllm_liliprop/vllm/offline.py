@@ -216,14 +216,16 @@ class OfflineEngine:
         self._llm().reset_prefix_cache()
 
     def run_batch(self, conversations: Sequence[Sequence[str]], render: RenderFn,
-                  sampling: Sampling, fresh_cache: bool = True, max_turns: int | None = None
-                  ) -> BatchResult:
+                  sampling: Sampling, fresh_cache: bool = True, max_turns: int | None = None,
+                  first_index: int = 0) -> BatchResult:
         """Generate every turn of every conversation; later turns follow the engine's own answers.
 
         conversations: per conversation, its user turns (>= 1). render: messages -> prompt ids
         (the chat template, truncation). fresh_cache: empty the prefix cache first, so that a
         batch never reuses prefixes cached by an earlier batch (the warm-up, another seed).
         max_turns: stop each conversation after this many turns (warm-up uses 1).
+        first_index: the position of the first conversation in a larger batch run a part at a
+        time (eval's prompt-by-prompt rows), so each request keeps the seed it would have there.
         """
         engine = self._engine()
         if engine.has_unfinished_requests():
@@ -247,7 +249,7 @@ class OfflineEngine:
             params = SamplingParams(
                 temperature=sampling.temperature,
                 max_tokens=sampling.max_tokens,
-                seed=request_seed(sampling.seed, index, turn),
+                seed=request_seed(sampling.seed, first_index + index, turn),
                 ignore_eos=sampling.ignore_eos,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
