@@ -210,6 +210,7 @@ class Campaign:
                 with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
                                            system.options(), max_num_seqs=c) as engine:
                     render = self.renderer(self._prompt_limit(engine))
+                    self.log(f"{system.name} c={c}: {engine.serving()}")
                     for m in items:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bisect
 
+from vllm_liliprop.k_ranges import as_ranges
+
 
 def expected_tokens(acceptance_per_pos: list[float], k: int) -> float:
     """Tokens a request emits per step when it drafts k: 1 + the first k prefix acceptances."""
@@ -50,17 +52,6 @@ def best_k(acceptance_per_pos: list[float], step_costs: dict[int, dict[int, floa
     """The k that maximises expected tokens/s at `batch` (the smaller k on a tie)."""
     return max(sorted(step_costs), key=lambda k: tokens_per_s(acceptance_per_pos, step_costs,
                                                                 batch, k))
-
-
-def as_ranges(k_by_batch: list[int]) -> list[list[int]]:
-    """[k at batch 1, k at batch 2, ...] -> vLLM's [[start, end, k], ...] (inclusive ranges)."""
-    ranges: list[list[int]] = []
-    for batch, k in enumerate(k_by_batch, start=1):
-        if ranges and ranges[-1][2] == k:
-            ranges[-1][1] = batch
-        else:
-            ranges.append([batch, batch, k])
-    return ranges
 
 
 def schedule(acceptance_per_pos: list[float], step_costs: dict[int, dict[int, float]],
