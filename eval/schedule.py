@@ -178,6 +178,9 @@ def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
 
 
 def command(args) -> int:
+    bad = [v for v in args.var if "=" not in v]
+    if bad:
+        raise ValueError(f"--var {bad[0]!r} must look like NAME=VALUE")
     variables = dict(v.split("=", 1) for v in args.var)
     names = [n for n in args.only.split(",") if n]
     systems = select_systems(load_systems(args.systems, variables), names)
