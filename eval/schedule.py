@@ -23,7 +23,10 @@ from itertools import cycle, islice
 from pathlib import Path
 
 from eval import schedule_model
+from eval.prompts import PromptRenderer
 from eval.systems import BASELINE, load_systems, select_systems
+from training.data import read_jsonl_conversations
+from vllm_liliprop.host import fast_dtype
 
 HELDOUT = "testbed/smollm2/data/heldout_regenerated.jsonl.gz"
 SCHEDULED = "-scheduled"
@@ -62,8 +65,6 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def heldout_prompts(path: str, count: int) -> list[list[str]]:
     """The first user turn of the first `count` held-out conversations."""
-    from training.data import read_jsonl_conversations
-
     firsts = [next(m["content"] for m in conv["messages"] if m["role"] == "user")
               for conv in islice(read_jsonl_conversations(path), count)]
     if not firsts:
@@ -76,8 +77,6 @@ def engine_flags(text: str) -> dict:
     if not isinstance(flags, dict):
         raise ValueError("--engine-flags must be a JSON object of vllm.LLM keyword arguments")
     if "dtype" not in flags:
-        from vllm_liliprop.host import fast_dtype
-
         flags["dtype"] = fast_dtype()
     return flags
 
@@ -126,7 +125,6 @@ def acceptance(engine, prompts, render, max_tokens=64) -> list[float]:
 def measure_system(args, system, flags, prompts, batch_sizes, tokens, log) -> dict:
     from vllm_liliprop.vllm.offline import OfflineEngine
 
-    from eval.prompts import PromptRenderer
     from transformers import AutoTokenizer
 
     render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
@@ -148,7 +146,6 @@ def measure_system(args, system, flags, prompts, batch_sizes, tokens, log) -> di
 def plain_costs(args, flags, prompts, batch_sizes, tokens, log) -> dict[int, float]:
     from vllm_liliprop.vllm.offline import OfflineEngine
 
-    from eval.prompts import PromptRenderer
     from transformers import AutoTokenizer
 
     render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
