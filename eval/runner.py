@@ -224,6 +224,7 @@ class Campaign:
                                            system.options(), max_num_seqs=c,
                                            without_liliprop=system.without_liliprop) as engine:
                     render = self.renderer(self._prompt_limit(engine))
+                    self.log(f"{system.name} c={c}: {engine.serving()}")
                     for m in items:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "

@@ -73,3 +73,17 @@ def test_chi_square_detects_a_shift_of_the_size_a_bias_would_cause(peaky):
             biased[i] = second
             moved += 1
     assert chi_square_p(biased, plain) < 1e-3
+
+
+def test_sampled_output_distribution_under_a_speculation_schedule(peaky):
+    """vLLM's k-by-batch-size schedule (k = 0 when the batch is large, 2 as it drains) with the
+    sampled lattice walk: the distribution stays the target's."""
+    schedule = {"num_speculative_tokens_per_batch_size": [[1, 32, 2], [33, 256, 0]]}
+    spec, counters, drafter = generate(peaky["target"], peaky["draft"],
+                                       options={"rule": "lattice", "sampling": "probabilistic"},
+                                       prompts=[PROMPT] * N, max_tokens=3, temperature=1.0,
+                                       seeds=list(range(N, 2 * N)), spec_extra=schedule,
+                                       extra_flags={"max_num_seqs": 64})
+    assert drafter.num_rule_faults == 0
+    assert counters.num_drafts > 0 and counters.num_accepted_tokens > 0.1 * counters.num_drafts
+    assert chi_square_p(spec, peaky["plain"]) > 1e-3

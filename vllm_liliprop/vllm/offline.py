@@ -35,6 +35,7 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
+from vllm_liliprop.k_ranges import describe_k
 from vllm_liliprop.options import ENV_VAR
 from vllm_liliprop.quiet import load_progress
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
@@ -209,6 +210,14 @@ class OfflineEngine:
     def max_model_len(self) -> int:
         return int(self._engine().model_config.max_model_len)
 
+    def serving(self) -> str:
+        """What this engine serves, read back from vLLM's config: the dtype and the k drafted at
+        each batch size up to max_num_seqs (k = 0: plain decoding steps), e.g.
+        "dtype bfloat16, k 3 at batch 1-4, 0 at batch 5-16"."""
+        config = self._engine().vllm_config
+        dtype = str(config.model_config.dtype).removeprefix("torch.")
+        return f"dtype {dtype}, k {describe_k(k_by_batch_size(config.speculative_config, self.max_num_seqs))}"
+
     def counters(self) -> SpecDecodeCounters:
         return SpecDecodeCounters.read(self._llm())
 
@@ -291,6 +300,20 @@ class OfflineEngine:
 
     def _engine(self):
         return self._llm().llm_engine
+
+
+def k_by_batch_size(speculative_config, max_batch: int) -> list[int]:
+    """[k at batch 1, ..., k at batch max_batch] as vLLM's scheduler picks it: 0 without
+    speculation, the schedule where one is set (vLLM's own lookup), else the fixed k."""
+    if speculative_config is None:
+        return [0] * max_batch
+    top = int(speculative_config.num_speculative_tokens or 0)
+    ranges = getattr(speculative_config, "num_speculative_tokens_per_batch_size", None)
+    if not ranges:
+        return [top] * max_batch
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return build_dynamic_sd_schedule_lookup(ranges, max_batch, top)[1:]
 
 
 def in_process_drafter(llm: LLM):

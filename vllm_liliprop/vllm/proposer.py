@@ -229,7 +229,9 @@ class LiliPropProposer(DFlashProposer):
                 self._remember_anchor_state(target_hidden_states, cad, num_rejected_tokens_gpu)
         inputs = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
                   token_indices_to_sample, cad, num_rejected_tokens_gpu)
-        if not self.anchor_layout:
+        if not self.anchor_layout or self.num_speculative_tokens == 0:
+            # k = 0 (a speculation schedule's plain step): nothing is sampled, the pass only
+            # writes the context KV; DFlash's layout of one query does that for both layouts.
             return super().set_inputs_first_pass(*inputs)
         # DSpark's anchor layout is DFlash's 1 + N fill-in layout with one mask fewer: the
         # parent with N - 1 speculative tokens writes exactly the queries [anchor, mask x (N-1)]

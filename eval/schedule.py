@@ -1,0 +1,232 @@
+"""`python -m eval schedule`: measure this host and write each system's speculation schedule.
+
+For each chosen system (its `num_speculative_tokens` = K):
+- step costs: one engine per k in 0..K (vLLM's `num_speculative_tokens_per_batch_size` pinned to
+  k at every batch size) and one plain engine; at each batch size b, b held-out prompts generate
+  a short and a long greedy run (ignore_eos) and the extra wall time over the extra engine steps
+  is the cost of one decoding step (the prefill cancels);
+- acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
+- the schedule maximising expected tokens/s (eval/schedule_model.py) for batch sizes 1..max.
+It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
+`<name>-scheduled` (the schedule in its speculative_config), which `python -m eval run` serves,
+and beside it `<out>.measurements.json`: the costs, acceptance and predicted tokens/s.
+Prompts come from a held-out file of the drafts' build, never from the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from itertools import cycle, islice
+from pathlib import Path
+
+from eval import schedule_model
+from eval.prompts import PromptRenderer
+from eval.systems import BASELINE, load_systems, select_systems
+from training.data import read_jsonl_conversations
+from vllm_liliprop.host import fast_dtype
+
+HELDOUT = "testbed/smollm2/data/heldout_regenerated.jsonl.gz"
+SCHEDULED = "-scheduled"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("schedule", help="measure step costs and acceptance on this host; write "
+                       "each system's k-by-batch-size schedule into a systems file")
+    p.add_argument("--target", required=True)
+    p.add_argument("--systems", required=True, metavar="FILE")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--only", required=True, metavar="A,B", help="speculative systems to schedule")
+    p.add_argument("--heldout", default=HELDOUT, help="conversations JSONL(.gz) the drafts were "
+                   "not trained on (never benchmark prompts)")
+    p.add_argument("--prompts", type=int, default=8, help="held-out prompts for acceptance")
+    p.add_argument("--batch-sizes", default="1,4,16,32", metavar="B,B")
+    p.add_argument("--max-batch", type=int, help="schedule up to this batch size (default: the "
+                   "largest of --batch-sizes)")
+    p.add_argument("--tokens", default="8,40", metavar="SHORT,LONG",
+                   help="generation lengths of the two timed runs per batch size")
+    p.add_argument("--engine-flags", default="{}", metavar="JSON",
+                   help="vllm.LLM keyword arguments (dtype default: this host's, "
+                        "python -m vllm_liliprop.host)")
+    p.add_argument("--out", required=True, help="systems file to write")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} must be integers separated by commas") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} {text!r} needs one or more integers >= 1")
+    return values
+
+
+def heldout_prompts(path: str, count: int) -> list[list[str]]:
+    """The first user turn of the first `count` held-out conversations."""
+    firsts = [next(m["content"] for m in conv["messages"] if m["role"] == "user")
+              for conv in islice(read_jsonl_conversations(path), count)]
+    if not firsts:
+        raise ValueError(f"--heldout {path} has no conversations")
+    return [[text] for text in firsts]
+
+
+def engine_flags(text: str) -> dict:
+    flags = json.loads(text)
+    if not isinstance(flags, dict):
+        raise ValueError("--engine-flags must be a JSON object of vllm.LLM keyword arguments")
+    if "dtype" not in flags:
+        flags["dtype"] = fast_dtype()
+    return flags
+
+
+def pinned(speculative_config: dict, k: int, max_batch: int) -> dict:
+    """The system's config with every batch size drafting exactly k."""
+    return dict(speculative_config, num_speculative_tokens_per_batch_size=[[1, max_batch, k]])
+
+
+def step_costs(engine, prompts, render, batch_sizes, tokens, repeats=3) -> dict[int, float]:
+    """Seconds per decoding step at each batch size: the long run's extra time over its extra
+    steps, so that the prefill and the engine's per-batch overheads cancel; the median of
+    `repeats` such pairs (a shared host's noise)."""
+    from vllm_liliprop.vllm.offline import Sampling
+
+    engine.run_batch(prompts[:1], render, Sampling(0.0, tokens[0], None, True))  # warm-up
+    costs = {}
+    for b in batch_sizes:
+        batch = list(islice(cycle(prompts), b))
+        costs[b] = statistics.median(_one_step_cost(engine, batch, render, tokens)
+                                     for _ in range(repeats))
+    return costs
+
+
+def _one_step_cost(engine, batch, render, tokens) -> float:
+    from vllm_liliprop.vllm.offline import Sampling
+
+    short, long = (engine.run_batch(batch, render, Sampling(0.0, n, None, True)) for n in tokens)
+    extra_steps = long.num_steps - short.num_steps
+    if extra_steps <= 0:
+        raise ValueError(f"--tokens {tokens}: the long run took no more steps than the short "
+                         "one; make LONG larger")
+    return (long.wall_s - short.wall_s) / extra_steps
+
+
+def acceptance(engine, prompts, render, max_tokens=64) -> list[float]:
+    """Fraction of drafts accepted through each position (T = 0, the prompts' natural answers)."""
+    from vllm_liliprop.vllm.offline import Sampling
+
+    result = engine.run_batch(prompts, render, Sampling(0.0, max_tokens, None, False))
+    if result.counters.num_drafts == 0:
+        raise ValueError("the system drafted nothing on the held-out prompts")
+    return list(result.counters.acceptance_rate_per_pos)
+
+
+def measure_system(args, system, flags, prompts, batch_sizes, tokens, log) -> dict:
+    from vllm_liliprop.vllm.offline import OfflineEngine
+
+    from transformers import AutoTokenizer
+
+    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
+    top = int(system.speculative_config["num_speculative_tokens"])
+    max_batch = max(batch_sizes)
+    costs: dict[int, dict[int, float]] = {}
+    accepted: list[float] = []
+    for k in range(top, -1, -1):
+        config = pinned(system.speculative_config, k, max_batch)
+        with OfflineEngine(args.target, flags, config, system.options(), max_num_seqs=max_batch) as e:
+            costs[k] = step_costs(e, prompts, render, batch_sizes, tokens)
+            if k == top:
+                accepted = acceptance(e, prompts, render)
+        log(f"{system.name} k={k}: ms/step " + ", ".join(
+            f"b={b} {1000 * s:.1f}" for b, s in costs[k].items()))
+    return {"acceptance_per_pos": accepted, "step_costs_s": costs}
+
+
+def plain_costs(args, flags, prompts, batch_sizes, tokens, log) -> dict[int, float]:
+    from vllm_liliprop.vllm.offline import OfflineEngine
+
+    from transformers import AutoTokenizer
+
+    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
+    with OfflineEngine(args.target, flags, None, None, max_num_seqs=max(batch_sizes)) as engine:
+        costs = step_costs(engine, prompts, render, batch_sizes, tokens)
+    log("AR: ms/step " + ", ".join(f"b={b} {1000 * s:.1f}" for b, s in costs.items()))
+    return costs
+
+
+def predictions(accepted, costs, ar_costs, ranges, batch_sizes) -> list[dict]:
+    """Expected tokens/s at each measured batch size: plain decoding, fixed K, the schedule."""
+    top = max(costs)
+    rows = []
+    for b in batch_sizes:
+        k = schedule_model.k_at(ranges, b)
+        rows.append({"batch": b, "k": k,
+                     "AR": b / schedule_model.interpolated_cost(ar_costs, b),
+                     "fixed": schedule_model.tokens_per_s(accepted, costs, b, top),
+                     "scheduled": schedule_model.tokens_per_s(accepted, costs, b, k)})
+    return rows
+
+
+def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
+    spec = dict(entry["speculative_config"], num_speculative_tokens_per_batch_size=ranges)
+    return dict(entry, speculative_config=spec,
+                description=f"{entry.get('description', '')} | scheduled on this host: {summary}")
+
+
+def command(args) -> int:
+    bad = [v for v in args.var if "=" not in v]
+    if bad:
+        raise ValueError(f"--var {bad[0]!r} must look like NAME=VALUE")
+    variables = dict(v.split("=", 1) for v in args.var)
+    names = [n for n in args.only.split(",") if n]
+    systems = select_systems(load_systems(args.systems, variables), names)
+    if any(s.speculative_config is None for s in systems):
+        raise ValueError("--only names a system without speculative_config: nothing to schedule")
+    batch_sizes = sorted(set(_ints(args.batch_sizes, "--batch-sizes")))
+    tokens = _ints(args.tokens, "--tokens")
+    if len(tokens) != 2 or tokens[0] >= tokens[1]:
+        raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
+    max_batch = args.max_batch or max(batch_sizes)
+    flags = engine_flags(args.engine_flags)
+    prompts = heldout_prompts(args.heldout, args.prompts)
+    raw = json.loads(Path(args.systems).read_text())
+    start = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
+
+    ar_costs = plain_costs(args, flags, prompts, batch_sizes, tokens, log)
+    out = {BASELINE: raw.get(BASELINE, {})}
+    record = {"dtype": flags["dtype"], "batch_sizes": batch_sizes, "tokens": tokens,
+              "heldout": args.heldout, "prompts": len(prompts), "AR_step_costs_s": ar_costs,
+              "systems": {}}
+    for system in systems:
+        measured = measure_system(args, system, flags, prompts, batch_sizes, tokens, log)
+        accepted, costs = measured["acceptance_per_pos"], measured["step_costs_s"]
+        ranges = schedule_model.schedule(accepted, costs, max_batch)
+        summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
+        log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted]}; "
+            f"schedule {summary}")
+        out[system.name] = raw[system.name]
+        out[system.name + SCHEDULED] = scheduled_entry(raw[system.name], ranges, summary)
+        record["systems"][system.name] = dict(
+            measured, schedule=ranges,
+            predicted_tokens_per_s=predictions(accepted, costs, ar_costs, ranges, batch_sizes))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    measurements = Path(args.out).with_suffix(".measurements.json")
+    measurements.write_text(json.dumps(record, indent=2) + "\n")
+    log(f"wrote {args.out} and {measurements} in {time.perf_counter() - start:.0f} s")
+    print(prediction_table(record))
+    return 0
+
+
+def prediction_table(record: dict) -> str:
+    lines = [f"dtype {record['dtype']}; expected tokens/s (cost model)",
+             "| system | batch | k | AR | fixed k | scheduled |", "|---|---|---|---|---|---|"]
+    for name, measured in record["systems"].items():
+        for row in measured["predicted_tokens_per_s"]:
+            lines.append(f"| {name} | {row['batch']} | {row['k']} | {row['AR']:.1f} | "
+                         f"{row['fixed']:.1f} | {row['scheduled']:.1f} |")
+    return "\n".join(lines)

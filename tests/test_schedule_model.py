@@ -1,0 +1,45 @@
+"""The speculation schedule's cost model (eval/schedule_model.py) and its ranges, checked against
+vLLM's own batch-size lookup."""
+
+import pytest
+
+from eval.schedule_model import best_k, expected_tokens, interpolated_cost, k_at, schedule
+from vllm_liliprop.k_ranges import as_ranges, describe_k
+
+ACCEPTANCE = [0.6, 0.35, 0.2]
+# k -> {batch -> seconds}: drafting is nearly free alone, and costs more per k as the batch grows.
+COSTS = {0: {1: 0.012, 16: 0.05, 32: 0.09}, 1: {1: 0.013, 16: 0.07, 32: 0.13},
+         2: {1: 0.0135, 16: 0.09, 32: 0.17}, 3: {1: 0.014, 16: 0.11, 32: 0.21}}
+
+
+def test_expected_tokens_adds_the_prefix_acceptances():
+    assert expected_tokens(ACCEPTANCE, 0) == 1.0
+    assert expected_tokens(ACCEPTANCE, 2) == pytest.approx(1.95)
+    with pytest.raises(ValueError, match="num_speculative_tokens >= 4"):
+        expected_tokens(ACCEPTANCE, 4)
+
+
+def test_cost_is_interpolated_between_measured_batch_sizes():
+    assert interpolated_cost(COSTS[0], 8) == pytest.approx(0.012 + 7 / 15 * 0.038)
+    assert interpolated_cost(COSTS[0], 64) == 0.09
+
+
+def test_the_schedule_drafts_less_as_verification_grows_dearer():
+    assert best_k(ACCEPTANCE, COSTS, 1) == 3
+    assert best_k(ACCEPTANCE, COSTS, 32) == 1
+    dear = {k: {b: c * (1 + k) for b, c in costs.items()} for k, costs in COSTS.items()}
+    assert schedule(ACCEPTANCE, dear, 32) == [[1, 32, 0]]
+
+
+@pytest.mark.parametrize("k_by_batch", [[3, 3, 2, 2, 2, 0, 0, 1], [0], [1, 2, 3, 3]])
+def test_ranges_mean_to_vllm_what_they_mean_here(k_by_batch):
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    ranges = as_ranges(k_by_batch)
+    dense = build_dynamic_sd_schedule_lookup(ranges, len(k_by_batch) + 4, 3)[1:]
+    assert dense == k_by_batch + [k_by_batch[-1]] * 4
+    assert [k_at(ranges, b) for b in range(1, len(dense) + 1)] == dense
+
+
+def test_description_names_plain_steps():
+    assert describe_k([3, 3, 0]) == "3 at batch 1-2, 0 at batch 3 (plain decoding)"
