@@ -1,7 +1,8 @@
 """Per rule, how its drafts fare against the drafter's argmax on the same rows, step by step.
 
 The proposer hands this tracker, each engine step:
-1. `verify` (from `prepare_next_token_ids_*`, which vLLM's runner calls right before `propose`):
+1. `verify` (from `prepare_next_token_ids_padded`, which vLLM's runner calls right before
+   `propose`):
    the tokens the target just sampled per request (the verified continuation) and the
    requests' ids in batch order; the drafts remembered at the previous step are compared with
    them (verified_acceptance.py) and the counts added on the device;
@@ -62,10 +63,6 @@ class AcceptanceTracker:
             usable = usable & prev[2] & (rows >= 0)
         self.tally.add(verified_tally(prev[0], prev[1], sampled, usable))
 
-    def verify_lists(self, sampled: list[list[int]], req_ids: list[str], device) -> None:
-        """`verify` for vLLM's host lists of sampled tokens (drafting without padding)."""
-        self.verify(*padded_sampled(sampled, device), req_ids)
-
     def remember(self, rule_drafts: torch.Tensor, argmax_drafts: torch.Tensor) -> None:
         """This step's drafts, [B, S] each, rows in the order of the last `verify`."""
         batch, self._batch = self._batch, None
@@ -82,11 +79,3 @@ def previous_rows(before: list[str], now: list[str], device) -> torch.Tensor | N
     where = {req_id: row for row, req_id in enumerate(before)}
     return async_tensor_h2d([where.get(req_id, -1) for req_id in now], device, torch.int64)
 
-
-def padded_sampled(sampled: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's host lists of sampled tokens (non-padded drafting) as ([B, W] -1 padded, [B] bool
-    usable) on `device`; an empty list is a discarded request."""
-    width = max((len(tokens) for tokens in sampled), default=0) or 1
-    rows = [tokens + [-1] * (width - len(tokens)) for tokens in sampled]
-    return (async_tensor_h2d(rows, device, torch.int64),
-            async_tensor_h2d([bool(tokens) for tokens in sampled], device, torch.bool))

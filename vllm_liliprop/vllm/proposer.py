@@ -260,20 +260,14 @@ class LiliPropProposer(DFlashProposer):
     @override
     def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
                                       discard_request_mask):
+        # vLLM's runner calls this right before `propose`, with the tokens it just verified
+        # (DFlash always drafts with a padded batch: vLLM refuses disable_padded_drafter_batch
+        # for parallel drafting, so prepare_next_token_ids_cpu never runs).
         result = super().prepare_next_token_ids_padded(
             sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
         batch = sampled_token_ids.shape[0]
         self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
                                gpu_input_batch.req_ids)
-        return result
-
-    @override
-    def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch,
-                                   num_scheduled_tokens):
-        result = super().prepare_next_token_ids_cpu(
-            sampled_token_ids, requests, gpu_input_batch, num_scheduled_tokens)
-        self._track_acceptance("verify_lists", sampled_token_ids, gpu_input_batch.req_ids,
-                               result.device)
         return result
 
     def _track_acceptance(self, method: str, *args) -> None:
