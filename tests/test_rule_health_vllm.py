@@ -153,6 +153,11 @@ def test_served_metrics_show_the_rule_counters_over_http(tiny_models, tmp_path):
     rows, fallback, faults = (metric(text, name + "_total") for name in NAMES)
     assert 'rule="argmax"' in text and rows > 0 and fallback == rows and 0 < faults <= rows
     assert metric(text, "vllm:spec_decode_num_drafts_total") == rows - 4  # each request's last unverified
+    # The acceptance counters: every verified draft compared; all rows fell back, so the rule's
+    # drafts were the argmax's and both counts are vLLM's own.
+    verified, accepted, argmax = (metric(text, name + "_total") for name in ACCEPTANCE)
+    assert verified == rows - 4
+    assert accepted == argmax == metric(text, "vllm:spec_decode_num_accepted_tokens_total")
     assert "draft rule 'argmax' fell back to the drafter's argmax on" in log.read_text()
     assert leftovers == []
 
