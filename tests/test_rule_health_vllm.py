@@ -197,14 +197,14 @@ def test_a_freed_proposers_counts_never_become_a_new_ones_baseline():
 
     rule_health.drain()
     for _ in range(50):  # re-allocations at one address are likely, not certain; many give many chances
-        old = _Counts(100, 40, 2)
+        old = _Counts(100, 40, 2, 90, 30, 60)
         rule_health.register_source(old)
-        assert rule_health.drain() == {"greedy": [100, 40, 2]}
+        assert rule_health.drain() == {"greedy": [100, 40, 2, 90, 30, 60]}
         del old
         gc.collect()
-        new = _Counts(3, 1, 0)
+        new = _Counts(3, 1, 0, 2, 1, 1)
         rule_health.register_source(new)
-        assert rule_health.drain() == {"greedy": [3, 1, 0]}
+        assert rule_health.drain() == {"greedy": [3, 1, 0, 2, 1, 1]}
         del new
         gc.collect()
     assert rule_health.drain() == {}
