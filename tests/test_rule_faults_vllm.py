@@ -20,11 +20,12 @@ from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
 pytestmark = pytest.mark.vllm
 
 
-def poison(get_tensor):
-    """A `generate(prepare=...)` hook that fills the tensor get_tensor(drafter) with NaN."""
+def poison(get_tensor, value: float = math.nan):
+    """A `generate(prepare=...)` hook that fills the tensor get_tensor(drafter) with `value`
+    (NaN: a head that faults; a huge finite value: one that saturates without faulting)."""
     def prepare(drafter):
         with torch.inference_mode():
-            get_tensor(drafter).fill_(math.nan)
+            get_tensor(drafter).fill_(value)
     return prepare
 
 

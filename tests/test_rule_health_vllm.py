@@ -2,7 +2,9 @@
 
 A head broken at run time (its rows all fall back to the drafter's argmax) must show in
 `LLM.get_metrics()` offline and in the OpenAI server's `/metrics` (engine core in a process of
-its own, so the counts cross vLLM's msgpack boundary), with one warning in the log.
+its own, so the counts cross vLLM's msgpack boundary), with one warning in the log. So must a
+head that saturates without faulting (finite scores, useless drafts): its accepted tokens next
+to the drafter's argmax's on the same verified rows, and a warning; a healthy head warns not.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +30,70 @@ from tests.test_rule_faults_vllm import poison
 
 pytestmark = [pytest.mark.vllm]
 NAMES = ("vllm:liliprop_rule_draft_rows", "vllm:liliprop_rule_fallback_rows", "vllm:liliprop_rule_faults")
+ACCEPTANCE = ("vllm:liliprop_rule_verified_rows", "vllm:liliprop_rule_accepted_tokens",
+              "vllm:liliprop_rule_argmax_accepted_tokens")
+TESTBED = Path(__file__).resolve().parents[1] / "testbed" / "tiny"
+# The tiny testbed's trained drafter and DeLS-Markov head, on its held-out code prompts: the
+# argmax accepts enough there for the comparison to mean something.
+MARKOV = {"rule": "dels", "dels_path": "dels_markov"}
+SATURATED = -3e38  # a log-prior this low is finite, but swamps every score it is added to
+
+
+def _spy_warnings(monkeypatch) -> list[str]:
+    from vllm_liliprop.vllm import rule_health
+
+    warnings, warn = [], rule_health.logger.warning
+    # A spy, not a stand-in: it keeps the text and logs it as before (pytest's output capture
+    # and vLLM's log handlers disagree about which stream is live across a session).
+    monkeypatch.setattr(rule_health.logger, "warning",
+                        lambda msg, *args, **kw: (warnings.append(msg % args), warn(msg, *args, **kw)))
+    return warnings
+
+
+def _testbed_run(prepare=None):
+    prompts = [json.loads(line)["turns"][0]
+               for line in (TESTBED / "eval" / "testbed" / "code.jsonl").read_text().splitlines()[:5]]
+    metrics: dict[str, float] = {}
+    ids, counters, _ = generate(str(TESTBED / "target"), str(TESTBED / "drafts" / "dflash"),
+                                options=MARKOV, prompts=prompts, max_tokens=64, prepare=prepare,
+                                metrics_out=metrics)
+    return ids, counters, metrics
+
+
+LOW_ACCEPTANCE = r"draft rule 'dels' had (\d+) draft tokens accepted over (\d+) verified draft rows"
+
+
+def test_a_saturated_head_shows_in_the_metrics_and_warns_once(healthy_markov_warnings, monkeypatch):
+    warnings = _spy_warnings(monkeypatch)
+    ids, counters, metrics = _testbed_run(poison(lambda d: d.draft_rule.log_prior, SATURATED))
+    rows, fallback, faults = (metrics[name] for name in NAMES)
+    verified, accepted, argmax = (metrics[name] for name in ACCEPTANCE)
+    assert ids == healthy_markov_warnings[0][0]  # lossless, and nothing faulted: the head is served as is
+    assert rows > 0 and fallback == faults == 0
+    # Every draft vLLM verified was compared; the rule's count is vLLM's own.
+    assert verified == counters.num_drafts and accepted == counters.num_accepted_tokens
+    assert argmax >= 32 and accepted < 0.5 * argmax
+    low = [w for w in warnings if re.search(LOW_ACCEPTANCE, w)]
+    assert len(low) == 1 and len(warnings) == 1, warnings
+
+
+@pytest.fixture(scope="module")
+def healthy_markov_warnings():
+    """The healthy run of the module's fixture, with the warnings it logged."""
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        warnings = _spy_warnings(monkeypatch)
+        return _testbed_run(), warnings
+    finally:
+        monkeypatch.undo()
+
+
+def test_a_healthy_head_does_not_warn_and_counts_what_vllm_counts(healthy_markov_warnings):
+    (_, counters, metrics), warnings = healthy_markov_warnings
+    verified, accepted, argmax = (metrics[name] for name in ACCEPTANCE)
+    assert verified == counters.num_drafts > 0 and accepted == counters.num_accepted_tokens
+    assert accepted >= argmax > 0  # on this testbed the Markov head beats its drafter's argmax
+    assert not any("draft rule" in w for w in warnings), warnings
 
 
 def test_offline_metrics_count_every_fallback_row_of_a_broken_head(tiny_models, monkeypatch):
@@ -85,6 +153,11 @@ def test_served_metrics_show_the_rule_counters_over_http(tiny_models, tmp_path):
     rows, fallback, faults = (metric(text, name + "_total") for name in NAMES)
     assert 'rule="argmax"' in text and rows > 0 and fallback == rows and 0 < faults <= rows
     assert metric(text, "vllm:spec_decode_num_drafts_total") == rows - 4  # each request's last unverified
+    # The acceptance counters: every verified draft compared; all rows fell back, so the rule's
+    # drafts were the argmax's and both counts are vLLM's own.
+    verified, accepted, argmax = (metric(text, name + "_total") for name in ACCEPTANCE)
+    assert verified == rows - 4
+    assert accepted == argmax == metric(text, "vllm:spec_decode_num_accepted_tokens_total")
     assert "draft rule 'argmax' fell back to the drafter's argmax on" in log.read_text()
     assert leftovers == []
 
@@ -124,14 +197,14 @@ def test_a_freed_proposers_counts_never_become_a_new_ones_baseline():
 
     rule_health.drain()
     for _ in range(50):  # re-allocations at one address are likely, not certain; many give many chances
-        old = _Counts(100, 40, 2)
+        old = _Counts(100, 40, 2, 90, 30, 60)
         rule_health.register_source(old)
-        assert rule_health.drain() == {"greedy": [100, 40, 2]}
+        assert rule_health.drain() == {"greedy": [100, 40, 2, 90, 30, 60]}
         del old
         gc.collect()
-        new = _Counts(3, 1, 0)
+        new = _Counts(3, 1, 0, 2, 1, 1)
         rule_health.register_source(new)
-        assert rule_health.drain() == {"greedy": [3, 1, 0]}
+        assert rule_health.drain() == {"greedy": [3, 1, 0, 2, 1, 1]}
         del new
         gc.collect()
     assert rule_health.drain() == {}

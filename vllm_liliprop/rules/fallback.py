@@ -5,8 +5,8 @@ drafter's own argmax instead. The draft step runs once per engine step, so neith
 replacement nor the bookkeeping may read a device value on the host: the replacement is a
 `torch.where` over the whole batch (whether or not any row is flagged), and the fault count
 stays on the device, reaching the host through a non-blocking copy whose completion is polled
-on later steps. The first report logs one warning; `FaultCounter.total` syncs, and is meant for
-tests and end-of-run summaries, not the draft step.
+on later steps (device_tally.py). The first report logs one warning; `FaultCounter.total` syncs,
+and is meant for tests and end-of-run summaries, not the draft step.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from vllm_liliprop.device_tally import DeviceTally
 from vllm_liliprop.rules.base import DraftInputs, DraftOutput, argmax_drafts
 
 
@@ -53,51 +54,31 @@ def apply_fallback(inputs: DraftInputs, output: DraftOutput) -> tuple[torch.Tens
 class FaultCounter:
     """Draft rows that fell back, and draft steps with at least one, kept on the device.
 
-    `add(faulty_rows)` never waits for the device. On CUDA the running counts are copied to
-    pinned host memory behind an event; a later `add` or `settled()` reads them once the event
-    has completed, so `on_first_fault(count)` fires a step or two after the first fault, never
-    mid-step, and `settled()` (what vLLM's metrics export) lags the device by as much.
+    `add(faulty_rows)` never waits for the device (a `DeviceTally`), so `on_first_fault(count)`
+    fires a step or two after the first fault on CUDA, never mid-step, and `settled()` (what
+    vLLM's metrics export) lags the device by as much.
     """
 
     def __init__(self, on_first_fault: Callable[[int], None]):
         self._on_first_fault = on_first_fault
-        self._device_count: torch.Tensor | None = None  # [rows, steps]
-        self._host_copy: torch.Tensor | None = None
-        self._copy_done = None
-        self._settled = (0, 0)
+        self._tally = DeviceTally(2)  # [rows, steps]
         self._reported = False
 
     def add(self, faulty_rows: torch.Tensor) -> None:
-        if self._device_count is None:
-            self._device_count = torch.zeros(2, dtype=torch.int64, device=faulty_rows.device)
         faulty = faulty_rows.to(torch.int64)
-        self._device_count += torch.stack([faulty.sum(), faulty.amax() if faulty.numel() else faulty.sum()])
+        self._tally.add(torch.stack([faulty.sum(), faulty.amax() if faulty.numel() else faulty.sum()]))
         if not self._reported:
             self._report(self.settled()[0])
 
     @property
     def total(self) -> int:
         """All faulty rows so far. Synchronizes with the device: not for the draft step."""
-        return 0 if self._device_count is None else int(self._device_count[0])
+        return self._tally.total()[0]
 
     def settled(self) -> tuple[int, int]:
         """(faulty rows, steps with a faulty row) as far as the host has seen them, without
         waiting: exact off CUDA; on CUDA as of the last completed copy."""
-        if self._device_count is None:
-            return 0, 0
-        if self._device_count.device.type != "cuda":
-            rows, steps = self._device_count.tolist()  # host memory: reading it waits for nothing
-            return int(rows), int(steps)
-        if self._copy_done is not None:
-            if not self._copy_done.query():
-                return self._settled
-            self._settled = tuple(int(v) for v in self._host_copy.tolist())
-        if self._host_copy is None:
-            self._host_copy = torch.zeros(2, dtype=torch.int64, pin_memory=True)
-        self._host_copy.copy_(self._device_count, non_blocking=True)
-        self._copy_done = torch.cuda.Event()
-        self._copy_done.record()
-        return self._settled
+        return self._tally.settled()
 
     def _report(self, count: int) -> None:
         if count > 0 and not self._reported:

@@ -40,6 +40,7 @@ from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
 from vllm_liliprop.vllm import rule_health
+from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
@@ -116,6 +117,9 @@ class LiliPropProposer(DFlashProposer):
         self._faulty_rows = FaultCounter(
             lambda count: self._warn_fault(f"produced non-finite scores for {count} request(s)")
         )
+        # Each rule's drafts against the drafter's argmax on the verified tokens (rule_health).
+        self._acceptance: AcceptanceTracker | None = None
+        self._acceptance_on = True
         self._anchor_ids: torch.Tensor | None = None
         self._anchor_hidden: torch.Tensor | None = None
         self._anchor_valid: torch.Tensor | None = None
@@ -182,6 +186,7 @@ class LiliPropProposer(DFlashProposer):
         self.draft_rule = build_rule(self.liliprop_options, resources)
         self._embedding = embedding
         self._needs_anchor_hidden = bool(getattr(self.draft_rule, "needs_anchor_hidden", False))
+        self._acceptance = AcceptanceTracker()
         rule_health.register_source(self)
         logger.info("vllm-liliprop draft rule ready: %s", self.draft_rule.name)
 
@@ -265,6 +270,30 @@ class LiliPropProposer(DFlashProposer):
         self._anchor_valid = valid
 
     @override
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
+                                      discard_request_mask):
+        # vLLM's runner calls this right before `propose`, with the tokens it just verified
+        # (DFlash always drafts with a padded batch: vLLM refuses disable_padded_drafter_batch
+        # for parallel drafting, so prepare_next_token_ids_cpu never runs).
+        result = super().prepare_next_token_ids_padded(
+            sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
+        batch = sampled_token_ids.shape[0]
+        self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
+                               gpu_input_batch.req_ids)
+        return result
+
+    def _track_acceptance(self, method: str, *args) -> None:
+        """Health bookkeeping must never take the engine down: a fault turns it off, logged once."""
+        if self._acceptance is None or not self._acceptance_on:
+            return
+        try:
+            getattr(self._acceptance, method)(*args)
+        except Exception:
+            self._acceptance_on = False  # its counts so far stay exported
+            logger.warning("vllm-liliprop stopped comparing the rule's drafts with the drafter's "
+                           "argmax after an error (its acceptance counters stop here).", exc_info=True)
+
+    @override
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self._draft_argmax is None:
             return super()._greedy_sample(hidden_states)
@@ -297,6 +326,8 @@ class LiliPropProposer(DFlashProposer):
             return argmax_drafts(inputs).view(-1), None
         if output.faulty_rows is not None:
             self._faulty_rows.add(output.faulty_rows)
+        if output.fallback_ids is not None:  # every built-in rule hands over the argmax
+            self._track_acceptance("remember", token_ids, output.fallback_ids)
         if probs is not None:
             probs = probs.reshape(-1, probs.shape[-1])
         return token_ids.reshape(-1), probs
@@ -306,13 +337,15 @@ class LiliPropProposer(DFlashProposer):
         """Rows drafted by the fallback so far. Reads a device counter: not for the hot path."""
         return self.num_rule_faults_raised + self._faulty_rows.total
 
-    def rule_health(self) -> tuple[str, int, int, int]:
-        """(rule, draft rows, fallback rows, faulty steps) so far, for vLLM's metrics
-        (rule_health.py). Never waits for the device: on CUDA the fallback rows of the last
-        step or two may not be in yet."""
+    def rule_health(self) -> tuple[str, int, int, int, int, int, int]:
+        """(rule, draft rows, fallback rows, faulty steps, verified rows, the rule's accepted
+        tokens, the argmax's accepted tokens on those rows) so far, for vLLM's metrics
+        (rule_health.py). Never waits for the device: on CUDA the counts of the last step or
+        two may not be in yet."""
         rows, steps = self._faulty_rows.settled()
+        acceptance = (0, 0, 0) if self._acceptance is None else self._acceptance.tally.settled()
         return (self.draft_rule.name, self.num_draft_rows, self.num_rule_faults_raised + rows,
-                self.num_rule_raises + steps)
+                self.num_rule_raises + steps, *acceptance)
 
     def _warn_fault(self, what: str, exc_info: bool = False) -> None:
         logger.warning(
