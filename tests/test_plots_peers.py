@@ -13,6 +13,12 @@ from plots.tables import render_markdown
 RESULTS = "testbed/smollm2/round3/main_job/results.csv"
 
 
+def _ours() -> pd.DataFrame:
+    """The shipped main job's rows without its real peers (the tests add a peer of known speed)."""
+    df = load_results(RESULTS)
+    return df[~df["system_config"].map(is_peer)]
+
+
 def test_peers_are_vllm_methods_and_dflash_without_liliprop():
     ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}, "liliprop": None}
     stock = {"speculative_config": {"method": "dflash", "model": "d"}, "liliprop": None,
@@ -35,7 +41,7 @@ def _with_peer(df: pd.DataFrame, copy_of: str, factor: float) -> pd.DataFrame:
 
 @pytest.mark.parametrize("factor, verdict", [(0.8, "yes"), (1.3, "**no**")])
 def test_best_of_ours_against_best_peer(factor, verdict):
-    df = _with_peer(load_results(RESULTS), "DFlash", factor)
+    df = _with_peer(_ours(), "DFlash", factor)
     assert peer_systems(df) == {"ngram"}
     table = peers_table(df)
     average = next(r for r in table.rows if r.labels[0] == "Average")
@@ -48,14 +54,13 @@ def test_best_of_ours_against_best_peer(factor, verdict):
 
 def test_no_peer_is_a_clear_skip():
     with pytest.raises(ValueError, match="peer"):
-        peers_table(load_results(RESULTS))
+        peers_table(_ours())
 
 
 def test_summary_adds_the_table_only_with_both_kinds(tmp_path):
     from eval.summary import summary_text
 
-    df = load_results(RESULTS)
-    both = _with_peer(df, "DFlash", 0.9)
+    both = _with_peer(_ours(), "DFlash", 0.9)
     peers_only = both[both["system"].isin(["AR", "ngram"])]
     paths = {}
     for name, frame in (("both", both), ("peers_only", peers_only)):
@@ -63,3 +68,8 @@ def test_summary_adds_the_table_only_with_both_kinds(tmp_path):
         frame.to_csv(paths[name], index=False)
     assert "against the peers" in summary_text(paths["both"])
     assert "against the peers" not in summary_text(paths["peers_only"])
+
+
+def test_the_shipped_main_job_has_its_peer_table():
+    table = peers_table(load_results(RESULTS))
+    assert {r.extras[2] for r in table.rows} == {"ngram"}
