@@ -15,13 +15,13 @@ out=${LILIPROP_OUT:-results/smollm2}
 export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
 mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-# By default plain decoding, DFlash, LiLiCorr and the n-gram peer on ten prompts of each benchmark,
+# By default plain decoding, DFlash, the hybrid (DFlash + prompt lookup), LiLiCorr and the n-gram peer on ten prompts of each benchmark,
 # each prompt timed twice per arm beside AR (fastest kept): 70 paired ratios a system, intervals
 # resampled over prompts within each benchmark (eval/README.md). Each system adds about as much time
 # as DFlash. LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
-# all (this package's nine) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
-all_systems=AR,DFlash,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,Domino,DSpark
-headline=AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov
+# all (this package's eleven) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
+all_systems=AR,DFlash,DFlash+lookup,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,LiLiCorr+lookup,Domino,DSpark
+headline=AR,DFlash,DFlash+lookup,LiLiCorr-greedy,DSpark,DeLS-Markov
 # LILIPROP_SYSTEMS=peers: the headline systems beside the peers a user would pick instead (vLLM's
 # n-gram proposer, the DFlash draft on vLLM's own proposer, suffix decoding where
 # scripts/install_suffix.sh has installed arctic-inference); the tables add "best of ours
@@ -29,7 +29,7 @@ headline=AR,DFlash,LiLiCorr-greedy,DSpark,DeLS-Markov
 # to the headline pair, so the README's table answers "is a trained draft worth it here".
 peers=ngram,DFlash-vLLM
 .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null && peers=$peers,suffix
-systems=${LILIPROP_SYSTEMS:-AR,DFlash,LiLiCorr-greedy,ngram}
+systems=${LILIPROP_SYSTEMS:-AR,DFlash,DFlash+lookup,LiLiCorr-greedy,ngram}
 case "$systems" in
     all) systems=$all_systems ;;
     headline) systems=$headline ;;

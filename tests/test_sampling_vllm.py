@@ -48,8 +48,10 @@ def peaky(tiny_models):
         {"rule": "lattice", "sampling": "deterministic"},
         {"rule": "lattice", "sampling": "probabilistic"},
         {"rule": "dels", "sampling": "probabilistic"},
+        # The hybrid: found rows are one-hot drafts beside the head's sampled distributions.
+        {"rule": "lattice", "sampling": "probabilistic", "prompt_lookup": [1, 2]},
     ],
-    ids=["lattice-deterministic", "lattice-probabilistic", "dels-probabilistic"],
+    ids=["lattice-deterministic", "lattice-probabilistic", "dels-probabilistic", "lattice-lookup"],
 )
 def test_sampled_output_distribution_matches_plain_sampling(peaky, options):
     spec, counters, drafter = generate(peaky["target"], peaky["draft"], options=options,

@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm_liliprop.heads.dels import check_fusion_weight
 from vllm_liliprop.heads.lattice import read_dflash_fields
+from vllm_liliprop.prompt_lookup import check_lookup_lengths
 
 ENV_VAR = "VLLM_LILIPROP_OPTIONS"
 CONFIG_BLOCK = "liliprop"
@@ -50,6 +51,9 @@ class LiliPropOptions:
     # None: take the DeLS head's own (its config's, else heads.dels_io.DEFAULT_FUSION_WEIGHT).
     dels_alpha: float | tuple[float, ...] | None = None
     dels_beta: float | tuple[float, ...] | None = None
+    # [min_n, max_n]: the hybrid rule. Where a request's last min_n..max_n tokens occurred earlier
+    # in it, the tokens that followed them are its draft instead of the rule's (prompt_lookup.py).
+    prompt_lookup: tuple[int, int] | None = None
     # Where each value came from, for the startup log line.
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -117,6 +121,11 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
     for key in ("dels_alpha", "dels_beta"):
         if key in out:
             out[key] = _check_schedule(where, key, out[key])
+    if out.get("prompt_lookup") is not None:
+        try:
+            out["prompt_lookup"] = check_lookup_lengths(out["prompt_lookup"], f"{where}.prompt_lookup")
+        except ValueError as exc:
+            raise OptionError(f"{exc}.") from None
     return out
 
 

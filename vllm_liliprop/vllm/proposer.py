@@ -13,6 +13,10 @@ Only these things differ from `DFlashProposer`:
 - `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
   Rows the rule could not score get the drafter's argmax on the device (rules/fallback.py):
   the step reads nothing back to the host;
+- with the `prompt_lookup` option (the hybrid rule), `prepare_next_token_ids_padded` also looks
+  each request's last tokens up in its own history (prompt_lookup.py; one host read of the
+  verified tokens a step), and `_sample_draft_tokens` puts the continuation it found in place
+  of the rule's block for those requests;
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from typing_extensions import override
@@ -36,6 +41,7 @@ from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
+from vllm_liliprop.prompt_lookup import lookup_drafts, overlay_lookup
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
@@ -126,6 +132,10 @@ class LiliPropProposer(DFlashProposer):
         self._draft_argmax: DraftVocabArgmax | None = None
         self._draft_vocab_logits = None
         self.anchor_layout = samples_from_anchor(hf_config)
+        # The hybrid rule: (min_n, max_n) of the prompt lookup, this step's (ids, found) rows.
+        self._lookup_lengths = getattr(self.liliprop_options, "prompt_lookup", None)
+        self._lookup: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.num_lookup_rows = 0  # rows whose draft came from the lookup
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
             logger.info(
@@ -280,7 +290,39 @@ class LiliPropProposer(DFlashProposer):
         batch = sampled_token_ids.shape[0]
         self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
                                gpu_input_batch.req_ids)
+        if self._lookup_lengths is not None:
+            self._lookup = self._look_up(sampled_token_ids, gpu_input_batch, discard_request_mask)
         return result
+
+    def _look_up(self, sampled_token_ids, gpu_input_batch, discard_request_mask):
+        """The prompt lookup's (ids, found) for this step's requests, from each one's tokens so
+        far: the input batch's (through the last step) and the ones just verified (vLLM drafts
+        before it books them; rejected slots are -1). None, logged once, if it fails."""
+        try:
+            num_reqs = gpu_input_batch.num_reqs
+            sampled = sampled_token_ids[:num_reqs].cpu().numpy()
+            discard = discard_request_mask[:num_reqs].cpu().numpy()
+            histories = []
+            for row in range(num_reqs):
+                known = int(gpu_input_batch.num_tokens_no_spec[row])
+                verified = sampled[row][sampled[row] >= 0]
+                histories.append(None if discard[row] else np.concatenate(
+                    [gpu_input_batch.token_ids_cpu[row, :known], verified]))
+            return lookup_drafts(histories, *self._lookup_lengths, int(self.num_speculative_tokens))
+        except Exception:
+            self._lookup_lengths = None
+            logger.warning("vllm-liliprop's prompt lookup failed and is off for this engine; the "
+                           "draft rule drafts every request.", exc_info=True)
+            return None
+
+    def _with_lookup(self, token_ids: torch.Tensor, probs):
+        """The block with the lookup's continuation where it found one (the hybrid rule)."""
+        lookup, self._lookup = self._lookup, None
+        if lookup is None or lookup[1].shape[0] != token_ids.shape[0]:
+            return token_ids, probs
+        ids, found = lookup
+        self.num_lookup_rows += int(found.sum())
+        return overlay_lookup(token_ids, probs, ids, found)
 
     def _track_acceptance(self, method: str, *args) -> None:
         """Health bookkeeping must never take the engine down: a fault turns it off, logged once."""
@@ -323,7 +365,9 @@ class LiliPropProposer(DFlashProposer):
                 self._warn_fault("raised", exc_info=True)
             self.num_rule_faults_raised += batch
             self.num_rule_raises += 1
-            return argmax_drafts(inputs).view(-1), None
+            token_ids, _ = self._with_lookup(argmax_drafts(inputs), None)
+            return token_ids.reshape(-1), None
+        token_ids, probs = self._with_lookup(token_ids, probs)
         if output.faulty_rows is not None:
             self._faulty_rows.add(output.faulty_rows)
         if output.fallback_ids is not None:  # every built-in rule hands over the argmax
