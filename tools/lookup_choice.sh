@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The hybrid rule's lookup lengths (option prompt_lookup), chosen on held-out conversations (never
+# on the benchmarks): the user turns of testbed/smollm2/data/heldout_regenerated.jsonl.gz as a
+# testbed suite, DFlash + prompt lookup at a few [min_n, max_n], T = 0, c = 1, 48 tokens. The
+# lookup itself costs next to nothing, so the choice is the fewest verification steps (highest
+# tokens per step); no timing, so a busy host does not bias it.
+# Usage: bash tools/lookup_choice.sh [OUT_DIR] [extra eval args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+out=${1:-results/lookup_choice}; shift || true
+mkdir -p "$out/data/testbed"
+zcat testbed/smollm2/data/heldout_regenerated.jsonl.gz > "$out/heldout.jsonl"
+.venv/bin/python -m tools.heldout_suite --input "$out/heldout.jsonl" --output "$out/data/testbed/heldout.jsonl"
+target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
+dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
+draft="$(pwd)/testbed/smollm2/round3/drafts/dflash"
+grid=()
+names=DFlash
+for setting in 1:3 2:4 3:5 4:8; do
+    IFS=: read -r lo hi <<< "$setting"
+    name="lookup-n$lo-$hi"
+    names="$names,$name"
+    grid+=(--system "$name={\"speculative_config\": {\"method\": \"dflash\", \"model\": \"$draft\", \"num_speculative_tokens\": 3}, \"liliprop\": {\"rule\": \"argmax\", \"prompt_lookup\": [$lo, $hi]}}")
+done
+.venv/bin/python -m eval run --target "$target" --systems testbed/smollm2/systems.json "${grid[@]}" \
+    --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" --only "$names" --benchmarks testbed-heldout \
+    --data-dir "$out/data" --limit 12 --temperatures 0 --concurrency 1 --max-tokens 48 --warmup-tokens 8 \
+    --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' \
+    --results "$out/results.csv" "$@"
+.venv/bin/python -c "
+import pandas as pd, sys
+d = pd.read_csv(sys.argv[1])[['system', 'num_drafts', 'num_accepted_tokens', 'output_tokens']]
+d['tokens_per_step'] = (d.output_tokens / d.num_drafts).round(3)
+print(d.to_string(index=False))" "$out/results.csv"
