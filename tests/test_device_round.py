@@ -101,3 +101,29 @@ def test_campaign_table_and_figure(tmp_path):
     with pytest.raises(ValueError, match="heldout_tau"):
         pd.DataFrame({"phase": ["x"]}).to_csv(tmp_path / "bad.csv", index=False)
         write_campaign_figure(tmp_path / "bad.csv", tmp_path / "fig")
+
+
+def test_next_replies_waits_on_the_rounds_clean_unanswered_prompts_in_order(tmp_path):
+    import gzip
+
+    from training.next_replies import waiting_prompts
+
+    def gz(path, rows):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    bench = "the quick brown fox jumps over the lazy dog and then runs far away into the woods"
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "b.jsonl").write_text(json.dumps({"turns": [bench]}) + "\n")
+    round_dir, snapshot = tmp_path / "round", tmp_path / "snapshot"
+    round_dir.mkdir(), snapshot.mkdir()
+    prompts = [_row(i, f"question number {i}") for i in range(5)] + [_row(5, "Say: " + bench)]
+    gz(round_dir / "magpie.jsonl.gz", prompts)
+    answered = [dict(_row(1, "question number 1"), messages=[{"role": "user", "content": "question number 1"},
+                                                               {"role": "assistant", "content": "a"}])]
+    gz(round_dir / "replies.jsonl.gz", answered)
+    gz(snapshot / "train_regenerated.jsonl.gz", [_row(8, "question number 3")])
+    gz(snapshot / "heldout_regenerated.jsonl.gz", [_row(9, "a held-out prompt")])
+    waiting, report = waiting_prompts(round_dir, snapshot, tmp_path / "eval")
+    assert [r["id"] for r in waiting] == ["p0", "p2", "p4"]  # p1 answered, p3 known, p5 a benchmark's
+    assert report["waiting"] == 3 and report["answered_by_round"] == 1

@@ -10,7 +10,8 @@ writes a record of the counts, the time and the generator beside it.
         --snapshot testbed/smollm2/data --eval-dir .cache/benchmarks --out .cache/next_replies
 
 `--deadline-s` stops starting new chunks after that many seconds (a rerun resumes); `--gzip DEST`
-then compresses what is done (a deterministic gzip, for the data snapshot in git).
+then compresses what is done (a deterministic gzip, for the data snapshot in git), and a later
+session whose `.cache` is gone resumes from DEST.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     waiting, report = waiting_prompts(args.round, args.snapshot, args.eval_dir)
     args.out.mkdir(parents=True, exist_ok=True)
     replies = args.out / "replies.jsonl"
+    if args.gzip and args.gzip.is_file() and not replies.exists():
+        shutil.copy(_gunzipped(args.gzip), replies)  # a new machine: resume from the snapshot
     before = len(completed_ids(replies))
     print(f"[next_replies] {report['waiting']} prompts wait, {before} answered here before", flush=True)
     generate = vllm_chat_generator(args.target, max_tokens=REPLY_TOKENS, max_model_len=1024, dtype=args.dtype,
