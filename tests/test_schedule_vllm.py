@@ -84,8 +84,9 @@ def smollm2_prompts():
 @pytest.mark.parametrize("system", [("dflash", "dflash", None),
                                     ("dflash", "lilicorr", None),
                                     ("dflash", "dflash", {"rule": "dels", "dels_path": "dels"}),
-                                    ("dspark", "dspark", None)],
-                         ids=["DFlash", "LiLiCorr", "DeLS-GRU", "DSpark-fill-in"])
+                                    ("dspark", "dspark", None),
+                                    ("dflash", "dflash", {"rule": "argmax", "prompt_lookup": [2, 4]})],
+                         ids=["DFlash", "LiLiCorr", "DeLS-GRU", "DSpark-fill-in", "DFlash+lookup"])
 def test_shipped_drafts_under_a_schedule_with_plain_steps(smollm2_prompts, system):
     target, prompts, plain = smollm2_prompts
     method, draft, options = system

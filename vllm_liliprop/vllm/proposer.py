@@ -318,9 +318,11 @@ class LiliPropProposer(DFlashProposer):
     def _with_lookup(self, token_ids: torch.Tensor, probs):
         """The block with the lookup's continuation where it found one (the hybrid rule)."""
         lookup, self._lookup = self._lookup, None
-        if lookup is None or lookup[1].shape[0] != token_ids.shape[0]:
+        batch, slots = token_ids.shape
+        if lookup is None or lookup[1].shape[0] != batch or lookup[0].shape[1] < slots:
             return token_ids, probs
-        ids, found = lookup
+        # A speculation schedule may draft fewer slots than the configured k at this batch size.
+        ids, found = lookup[0][:, :slots], lookup[1]
         self.num_lookup_rows += int(found.sum())
         return overlay_lookup(token_ids, probs, ids, found)
 
