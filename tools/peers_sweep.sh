@@ -2,7 +2,8 @@
 # Issue 36's sweep beyond the main job: this package's systems beside the n-gram peer at c = 16 and
 # T = 0 and 1, on the seven benchmarks (16 prompts each: one full batch), each batch paired with
 # plain decoding on the same prompts, in the main job's dtype and settings. Hold the host idle.
-# Usage: bash tools/peers_sweep.sh [OUT_DIR] [extra eval args, e.g. --only AR,DFlash]
+# Usage: bash tools/peers_sweep.sh [OUT_DIR] [extra eval args, e.g. --only AR,DFlash]; later flags win,
+# so `--concurrency 1 --temperatures 1 --seeds 42 --limit 5` gives the c = 1, T = 1 run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
