@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vllm_liliprop.options import OptionError, resolve_options
-from vllm_liliprop.prompt_lookup import lookup_continuation, lookup_drafts, overlay_lookup
+from vllm_liliprop.prompt_lookup import lookup_continuation, lookup_drafts
+from vllm_liliprop.rules.fallback import replace_rows
 
 
 def _look(tokens, min_n=2, max_n=4, k=3):
@@ -35,12 +36,12 @@ def test_nothing_when_no_suffix_recurs_or_the_history_is_short():
     assert _look([7, 7], min_n=1, k=2) == [7, 7]
 
 
-def test_a_batch_marks_rows_found_and_the_overlay_replaces_only_them():
+def test_a_batch_marks_rows_found_and_only_those_rows_are_replaced():
     ids, found = lookup_drafts([np.array([1, 2, 3, 1, 2]), None, np.array([5, 6])], 2, 2, 2)
     assert found.tolist() == [True, False, False] and ids[0].tolist() == [3, 1]
     drafts = torch.full((3, 2), 9)
     probs = torch.full((3, 2, 4), 0.25)
-    out, out_probs = overlay_lookup(drafts, probs, ids, found)
+    out, out_probs = replace_rows(drafts, probs, found, ids)
     assert out.tolist() == [[3, 1], [9, 9], [9, 9]]
     assert out_probs[0, 0].tolist() == [0, 0, 0, 1] and out_probs[0, 1].tolist() == [0, 1, 0, 0]
     assert torch.equal(out_probs[1:], probs[1:])

@@ -40,17 +40,9 @@ def waiting_prompts(round_dir: Path, snapshot: Path, eval_dir: Path) -> tuple[li
     known = list(read_jsonl_conversations(snapshot / "train_regenerated.jsonl.gz"))
     heldout = list(read_jsonl_conversations(snapshot / "heldout_regenerated.jsonl.gz"))
     clean, report = clean_prompts(prompts, eval_dir, heldout, known)
-    answered = completed_ids(_gunzipped(round_dir / "replies.jsonl.gz"))
+    answered = {row["id"] for row in read_jsonl_conversations(round_dir / "replies.jsonl.gz")}
     waiting = [row for row in clean if str(row["id"]) not in answered]
     return waiting, {**report, "answered_by_round": len(answered), "waiting": len(waiting)}
-
-
-def _gunzipped(path: Path) -> Path:
-    """A plain copy of a .gz file in /tmp (completed_ids reads plain JSONL)."""
-    plain = Path("/tmp") / f"{path.parent.name}-{path.stem}"
-    with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return plain
 
 
 def gzip_deterministic(src: Path, dest: Path) -> None:
@@ -84,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     replies = args.out / "replies.jsonl"
     if args.gzip and args.gzip.is_file() and not replies.exists():
-        shutil.copy(_gunzipped(args.gzip), replies)  # a new machine: resume from the snapshot
+        with gzip.open(args.gzip, "rb") as src, open(replies, "wb") as dst:  # a new machine: resume
+            shutil.copyfileobj(src, dst)
     before = len(completed_ids(replies))
     print(f"[next_replies] {report['waiting']} prompts wait, {before} answered here before", flush=True)
     generate = vllm_chat_generator(args.target, max_tokens=REPLY_TOKENS, max_model_len=1024, dtype=args.dtype,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["check_lookup_lengths", "lookup_continuation", "lookup_drafts", "overlay_lookup"]
+__all__ = ["check_lookup_lengths", "lookup_continuation", "lookup_drafts"]
 
 
 def check_lookup_lengths(value, where: str) -> tuple[int, int]:
@@ -67,17 +67,3 @@ def lookup_drafts(histories: Sequence[np.ndarray | None], min_n: int, max_n: int
         if continuation is not None:
             ids[row], found[row] = continuation, True
     return torch.from_numpy(ids), torch.from_numpy(found)
-
-
-def overlay_lookup(token_ids: torch.Tensor, probs: torch.Tensor | None, lookup_ids: torch.Tensor,
-                   found: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The rule's drafts [B, S] (and distributions [B, S, V]) with the found rows replaced by the
-    lookup's tokens; a replaced row's distribution is one-hot at its token, so the rejection
-    sampler treats it as the deterministic draft it is (lossless either way)."""
-    lookup_ids = lookup_ids.to(token_ids.device, token_ids.dtype)
-    found = found.to(token_ids.device)
-    token_ids = torch.where(found[:, None], lookup_ids, token_ids)
-    if probs is not None:
-        one_hot = torch.zeros_like(probs).scatter_(-1, lookup_ids.long().unsqueeze(-1), 1.0)
-        probs = torch.where(found[:, None, None], one_hot, probs)
-    return token_ids, probs

@@ -39,15 +39,24 @@ def apply_fallback(inputs: DraftInputs, output: DraftOutput) -> tuple[torch.Tens
     token_ids, probs = output.token_ids, output.probs
     if output.faulty_rows is None:
         return token_ids, probs
-    faulty = output.faulty_rows.to(torch.bool)
     fallback = output.fallback_ids if output.fallback_ids is not None else argmax_drafts(inputs)
-    token_ids = torch.where(faulty[:, None], fallback.to(token_ids.dtype), token_ids)
+    return replace_rows(token_ids, probs, output.faulty_rows.to(torch.bool), fallback)
+
+
+def replace_rows(token_ids: torch.Tensor, probs: torch.Tensor | None, rows: torch.Tensor,
+                 ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Drafts [B, S] (and distributions [B, S, V]) with the rows flagged in `rows` [B] replaced
+    by `ids` [B, S], each replaced slot's distribution one-hot at its token: the rejection
+    sampler then treats it as the deterministic draft it is. No host reads."""
+    ids = ids.to(token_ids.device, token_ids.dtype)
+    rows = rows.to(token_ids.device)
+    token_ids = torch.where(rows[:, None], ids, token_ids)
     if probs is not None:
-        # One pass over [B, S, V]: clear the faulty rows (NaN included), then put their mass on
-        # the fallback token; healthy rows get + 0 there.
-        probs = probs.masked_fill(faulty[:, None, None], 0.0)
-        mass = faulty.to(probs.dtype)[:, None, None].expand(*fallback.shape, 1)
-        probs.scatter_add_(-1, fallback.long().unsqueeze(-1), mass)
+        # One pass over [B, S, V]: clear the replaced rows (NaN included), then put their mass
+        # on the new token; other rows get + 0 there.
+        probs = probs.masked_fill(rows[:, None, None], 0.0)
+        mass = rows.to(probs.dtype)[:, None, None].expand(*ids.shape, 1)
+        probs.scatter_add_(-1, ids.long().unsqueeze(-1), mass)
     return token_ids, probs
 
 

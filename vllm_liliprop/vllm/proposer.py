@@ -41,10 +41,10 @@ from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
-from vllm_liliprop.prompt_lookup import lookup_drafts, overlay_lookup
+from vllm_liliprop.prompt_lookup import lookup_drafts
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
-from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback
+from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_rows
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
@@ -324,7 +324,7 @@ class LiliPropProposer(DFlashProposer):
         # A speculation schedule may draft fewer slots than the configured k at this batch size.
         ids, found = lookup[0][:, :slots], lookup[1]
         self.num_lookup_rows += int(found.sum())
-        return overlay_lookup(token_ids, probs, ids, found)
+        return replace_rows(token_ids, probs, found, ids)
 
     def _track_acceptance(self, method: str, *args) -> None:
         """Health bookkeeping must never take the engine down: a fault turns it off, logged once."""
