@@ -16,9 +16,11 @@ export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
 mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 # By default plain decoding, DFlash, the hybrid (DFlash + prompt lookup), LiLiCorr and the n-gram peer on ten prompts of each benchmark,
-# each prompt timed twice per arm beside AR (fastest kept): 70 paired ratios a system, intervals
-# resampled over prompts within each benchmark (eval/README.md). Each system adds about as much time
-# as DFlash. LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
+# each prompt timed once per arm right beside AR on the same prompt (an AR reference that is an
+# outlier against the job's other AR runs is measured again): 70 paired ratios a system, intervals
+# resampled over prompts within each benchmark (eval/README.md). LILIPROP_REPEATS=2 keeps the fastest
+# of two interleaved runs per arm, at twice the speed pass's time.
+# Each system adds about as much time as DFlash. LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
 # all (this package's eleven) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DFlash+lookup,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,LiLiCorr+lookup,Domino,DSpark
 headline=AR,DFlash,DFlash+lookup,LiLiCorr-greedy,DSpark,DeLS-Markov
@@ -36,7 +38,7 @@ case "$systems" in
     peers) systems=$headline,$peers ;;
 esac
 prompts=${LILIPROP_PROMPTS:-10}
-repeats=${LILIPROP_REPEATS:-2}
+repeats=${LILIPROP_REPEATS:-1}
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \

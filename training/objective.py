@@ -31,6 +31,7 @@ from training.drafter import DFlashDrafter
 from training.losses import LossWeights, combine_terms, total_loss
 from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.heads.lattice import LatticeHead
+from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.walks import greedy_walk
 
 __all__ = ["DraftObjective", "accepted_prefix_length", "true_token_rank", "vocab_positions"]
@@ -227,6 +228,8 @@ class DraftObjective(nn.Module):
                 anchor_hidden,
                 torch.ones(blocks, dtype=torch.bool, device=anchor_hidden.device),
             )
+            if self.lattice.config.prior_weight:
+                start, pairs = with_logprob_prior(start, pairs, candidate_log_probs, self.lattice.config.prior_weight)
             target_logq = None
             if self.weights.distractor > 0:
                 if target_final_hidden is None:

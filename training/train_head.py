@@ -14,6 +14,7 @@ upstream LiLiCorrDraftModel folder.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -32,6 +33,7 @@ from training.headroom_metrics import headroom_metrics
 from training.pipeline import build_lattice
 from training.recipe import apply_overrides, load_recipe
 from training.trainer import cosine_with_warmup
+from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.walks import greedy_walk
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
@@ -51,6 +53,19 @@ def _inputs(store: dict, rows: torch.Tensor, k: int, embed: torch.Tensor, dropou
         log_probs = torch.where(hide[:, None, None], torch.full_like(log_probs, -math.log(k)), log_probs)
     return (embed[ids], log_probs, store["slot_hidden"][rows], store["anchor_hidden"][rows],
             torch.ones(rows.shape[0], dtype=torch.bool)), ids
+
+
+def walk_scores(head, prior: torch.Tensor | None, store: dict, rows: torch.Tensor, k: int, embed: torch.Tensor,
+                dropout: float = 0.0, generator: torch.Generator | None = None):
+    """(start, pairs, candidate ids) of the store's blocks `rows`: the head's scores, plus the
+    drafter's log-prob prior where the recipe trains one (heads.lattice_prior). The prior reads
+    the true log-probs even where feature dropout hid them from the head."""
+    inputs, ids = _inputs(store, rows, k, embed, dropout, generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        start, pairs = head.score(*inputs)
+    if prior is not None:
+        start, pairs = with_logprob_prior(start, pairs, store["candidate_log_probs"][rows, :, :k], prior)
+    return start, pairs, ids
 
 
 def head_loss(start, pairs, ids, targets, target_logq, loss: dict) -> dict[str, torch.Tensor]:
@@ -79,7 +94,8 @@ def store_ranks(store: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024) -> dict[str, float]:
+def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024,
+                    prior: torch.Tensor | None = None) -> dict[str, float]:
     """Held-out taus of the greedy walk, the drafter's argmax and the oracle prefix at the
     head's K (training.headroom_metrics), and the walk's share of that headroom."""
     head.eval()
@@ -87,10 +103,7 @@ def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024) -
     n = store["targets"].shape[0]
     walks = []
     for at in range(0, n, batch):
-        rows = torch.arange(at, min(at + batch, n))
-        inputs, ids = _inputs(store, rows, k, embed)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            start, pairs = head.score(*inputs)
+        start, pairs, ids = walk_scores(head, prior, store, torch.arange(at, min(at + batch, n)), k, embed)
         walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
     head.train()
     rank, valid = store_ranks(store)
@@ -109,17 +122,23 @@ def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, dr
     k, steps, n = head.config.candidate_topk, int(spec["steps"]), store["targets"].shape[0]
     decay = [p for name, p in head.named_parameters() if p.dim() >= 2 and "embedding" not in name]
     rest = [p for name, p in head.named_parameters() if not (p.dim() >= 2 and "embedding" not in name)]
+    # The drafter's log-prob prior (heads.lattice_prior): its weight starts at prior_weight and
+    # is learned with the head; absent, the walk is upstream's (cosines alone).
+    prior = None
+    if spec.get("prior_weight") is not None:
+        prior = torch.nn.Parameter(torch.tensor(float(spec["prior_weight"])))
+        rest.append(prior)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec.get("weight_decay", 0.01)},
                                    {"params": rest, "weight_decay": 0.0}], lr=spec["lr"])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(steps, spec.get("warmup_ratio", 0.05)))
-    curve = [{"step": 0, **lattice_metrics(head, heldout, embed)}]
+    measure = lambda: lattice_metrics(head, heldout, embed, prior=prior) | (
+        {"prior_weight": round(float(prior), 4)} if prior is not None else {})
+    curve = [{"step": 0, **measure()}]
     log = open(out / "metrics.jsonl", "w", encoding="utf-8")
     began = time.time()
     for step in tqdm(range(1, steps + 1), desc="head", disable=not progress):
         rows = torch.randint(0, n, (spec["batch_blocks"],), generator=generator)
-        inputs, ids = _inputs(store, rows, k, embed, spec.get("feature_dropout", 0.0), generator)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            start, pairs = head.score(*inputs)
+        start, pairs, ids = walk_scores(head, prior, store, rows, k, embed, spec.get("feature_dropout", 0.0), generator)
         terms = head_loss(start, pairs, ids, store["targets"][rows].long(), store["target_logq"][rows, :, :k],
                           recipe.get("loss", {}))
         terms["loss"].backward()
@@ -131,9 +150,11 @@ def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, dr
             log.write(json.dumps({"step": step, **{key: round(float(v.detach()), 5) for key, v in terms.items()}}) + "\n")
             log.flush()
         if step % spec.get("eval_every", 250) == 0 or step == steps:
-            curve.append({"step": step, "seconds": round(time.time() - began, 1), **lattice_metrics(head, heldout, embed)})
+            curve.append({"step": step, "seconds": round(time.time() - began, 1), **measure()})
             (out / "curve.json").write_text(json.dumps(curve, indent=2) + "\n")
     log.close()
+    if prior is not None:  # exported with the head (dflash_config.liliprop_lattice_prior_weight)
+        head.config = dataclasses.replace(head.config, prior_weight=round(max(float(prior), 0.0), 6))
     return head, curve
 
 

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_liliprop.heads.lattice_prior import PRIOR_KEY
+
 NUM_CANDIDATE_FEATURES = 5
 MAX_CANDIDATE_TOPK = 16
 INIT_STD = 0.02
@@ -86,6 +88,13 @@ _FIELD_RULES = {
 }
 
 
+def check_prior_weight(value: Any) -> None:
+    """The liliprop extension's prior weight: a finite number >= 0 (0: upstream's walk)."""
+    if not (_is_real(value) and value >= 0):
+        raise ValueError(f"dflash_config.{PRIOR_KEY} = {value!r} must be a finite number >= 0; set "
+                         "it to the weight training learned, or remove it for upstream's walk.")
+
+
 def _check_field(name: str, value: Any) -> None:
     valid, requirement, fix = _FIELD_RULES[name]
     if not valid(value):
@@ -141,6 +150,9 @@ class LatticeConfig:
     factor_dim: int  # d_e, width of the out / in vectors
     vector_eps: float  # eps of the unit normalization
     logit_scale: float  # sigma: cosines are scaled into logits by it
+    # liliprop extension (heads.lattice_prior): weight of the drafter's log-probs added to the
+    # walk's scores; 0 is upstream's walk. Stored as dflash_config.liliprop_lattice_prior_weight.
+    prior_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not _is_int(self.model_hidden_size) or self.model_hidden_size < 1:
@@ -160,6 +172,7 @@ class LatticeConfig:
             )
         for name, value in self.dflash_fields().items():
             _check_field(name, value)
+        check_prior_weight(self.prior_weight)
         if self.width % self.num_heads:
             raise _field_error(
                 "num_heads", self.num_heads,
@@ -206,6 +219,7 @@ class LatticeConfig:
             model_hidden_size=model_hidden_size,
             block_size=block_size,
             rms_norm_eps=rms_norm_eps,
+            prior_weight=dflash_config.get(PRIOR_KEY, 0.0),
             **fields,
         )
 
@@ -213,6 +227,8 @@ class LatticeConfig:
         """The `lilicorr_*` keys to merge into an exported checkpoint's `dflash_config`."""
         out: dict[str, Any] = {"lilicorr_enabled": True}
         out.update({f"lilicorr_{f}": getattr(self, f) for f in _DFLASH_FIELDS})
+        if self.prior_weight:  # the extension's key only where it changes the walk
+            out[PRIOR_KEY] = self.prior_weight
         return out
 
 

@@ -9,6 +9,7 @@ import torch
 from vllm_liliprop.faults import non_finite_rows
 from vllm_liliprop.heads.candidates import topk_candidates_reference
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
+from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.heads.lattice_serving import ServingLatticeHead
 from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
@@ -126,6 +127,8 @@ class LatticeRule:
         start, pairs = score(
             inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
         )
+        if self.head.config.prior_weight:
+            start, pairs = with_logprob_prior(start, pairs, log_probs, self.head.config.prior_weight)
         return Lattice(ids, start, pairs)
 
     def walk_faults(self, start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
