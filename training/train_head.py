@@ -131,8 +131,18 @@ def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, dr
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec.get("weight_decay", 0.01)},
                                    {"params": rest, "weight_decay": 0.0}], lr=spec["lr"])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(steps, spec.get("warmup_ratio", 0.05)))
-    measure = lambda: lattice_metrics(head, heldout, embed, prior=prior) | (
-        {"prior_weight": round(float(prior), 4)} if prior is not None else {})
+    # The first eval_train_blocks training blocks measured as the held-out ones are: a train /
+    # held-out gap says overfitting, no gap with a low share says the head cannot fit its data.
+    seen = {key: t[:spec.get("eval_train_blocks", 0)] for key, t in store.items()}
+
+    def measure() -> dict:
+        row = lattice_metrics(head, heldout, embed, prior=prior)
+        if seen["targets"].shape[0]:
+            fit = lattice_metrics(head, seen, embed, prior=prior)
+            row |= {"train_walk_tau": fit["walk_tau"], "train_argmax_tau": fit["argmax_tau"],
+                    "train_headroom_share": fit["headroom_share"]}
+        return row | ({"prior_weight": round(float(prior), 4)} if prior is not None else {})
+
     curve = [{"step": 0, **measure()}]
     log = open(out / "metrics.jsonl", "w", encoding="utf-8")
     began = time.time()
