@@ -71,3 +71,30 @@ def test_head_trains_from_the_store_and_exports(store, tmp_path):
     assert losses[-1] < losses[0]
     assert set(curve[-1]) >= {"walk_tau", "argmax_tau", "oracle4_tau", "headroom_share"}
     assert curve[-1] == {**curve[-1], **lattice_metrics(head, blocks, embed)}
+
+
+def test_learned_prior_is_exported_and_head_eval_measures_the_export(store, tmp_path):
+    """train.prior_weight: the prior's weight is learned, exported in the draft's config
+    (liliprop_lattice_prior_weight), and the exported draft measures as its curve's last row;
+    a slice of the training store is measured beside the held-out one."""
+    from training.export import export_lilicorr
+    from training.head_eval import evaluate
+    from vllm_liliprop.heads.lattice_prior import PRIOR_KEY
+
+    out, _, target = store
+    blocks = load_store(out)
+    drafter = load_dflash(TINY / "drafts" / "dflash")
+    recipe = {"lattice": {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                          "factor_dim": 16},
+              "train": {"steps": 20, "batch_blocks": 16, "lr": 3e-3, "eval_every": 20, "prior_weight": 1.0,
+                        "eval_train_blocks": 8}}
+    embed = target.get_input_embeddings().weight.detach()
+    head, curve = train_head(recipe, blocks, blocks, embed, drafter.config, tmp_path, progress=False)
+    assert curve[0]["prior_weight"] == 1.0 and curve[-1]["prior_weight"] != 1.0
+    assert {"train_walk_tau", "train_headroom_share"} <= set(curve[-1])
+    assert head.config.prior_weight == pytest.approx(curve[-1]["prior_weight"], abs=1e-4)
+    export_lilicorr(tmp_path / "draft", drafter, head.float(), torch.float32)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["dflash_config"][PRIOR_KEY] == head.config.prior_weight
+    [row] = evaluate([str(tmp_path / "draft")], [str(out)], embed)
+    assert row["walk_tau"] == pytest.approx(curve[-1]["walk_tau"], abs=0.05)
