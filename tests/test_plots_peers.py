@@ -71,5 +71,13 @@ def test_summary_adds_the_table_only_with_both_kinds(tmp_path):
 
 
 def test_the_shipped_main_job_has_its_peer_table():
-    table = peers_table(load_results(RESULTS))
-    assert {r.extras[2] for r in table.rows} == {"ngram"}
+    """The shipped job serves three peers; each row names the one with the highest mean speedup
+    on that benchmark in the file itself."""
+    df = load_results(RESULTS)
+    assert peer_systems(df) == {"ngram", "suffix", "DFlash-vLLM"}
+    table = peers_table(df)
+    runs = df[df["system"].isin(peer_systems(df)) & (df["kind"] == "run")]
+    for row in table.rows:
+        if row.labels[0] != "Average":
+            on_benchmark = runs[runs["benchmark"] == row.labels[0].split(" (")[0]]
+            assert row.extras[2] == on_benchmark.groupby("system")["speedup"].mean().idxmax()
