@@ -20,6 +20,12 @@ def test_prior_adds_each_candidates_log_prob_to_the_scores_that_enter_it():
         assert torch.allclose(new_pairs[:, s], pairs[:, s] + 0.5 * log_probs[:, s + 1, None, :])
 
 
+def test_zero_weight_is_upstreams_walk_untouched():
+    start, pairs, log_probs = torch.randn(2, 4), torch.randn(2, 2, 4, 4), torch.randn(2, 3, 4)
+    new_start, new_pairs = with_logprob_prior(start, pairs, log_probs, 0.0)
+    assert new_start is start and new_pairs is pairs
+
+
 def test_a_flat_head_walks_the_drafters_argmax_and_a_strong_pair_overrides_it():
     log_probs = torch.log_softmax(torch.tensor([[[3.0, 1.0, 0.0], [2.0, 1.5, 0.0], [1.0, 0.5, 0.0]]]), -1)
     start, pairs = torch.zeros(1, 3), torch.zeros(1, 2, 3, 3)

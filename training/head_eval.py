@@ -26,14 +26,13 @@ __all__ = ["evaluate", "main"]
 
 
 def evaluate(drafts: Sequence[str], stores: Sequence[str], embed: torch.Tensor) -> list[dict]:
-    """One row per (draft, store): its metrics, with the draft's prior weight where it has one."""
+    """One row per (draft, store): its metrics (a draft's prior weight is in its head's config)."""
     loaded = {store: load_store(store) for store in stores}
     rows = []
     for draft in drafts:
         _, head = load_lilicorr(draft)
-        prior = torch.tensor(head.config.prior_weight) if head.config.prior_weight else None
         for store, blocks in loaded.items():
-            rows.append({"draft": draft, "store": store, **lattice_metrics(head, blocks, embed, prior=prior)})
+            rows.append({"draft": draft, "store": store, **lattice_metrics(head, blocks, embed)})
     return rows
 
 

@@ -228,8 +228,7 @@ class DraftObjective(nn.Module):
                 anchor_hidden,
                 torch.ones(blocks, dtype=torch.bool, device=anchor_hidden.device),
             )
-            if self.lattice.config.prior_weight:
-                start, pairs = with_logprob_prior(start, pairs, candidate_log_probs, self.lattice.config.prior_weight)
+            start, pairs = with_logprob_prior(start, pairs, candidate_log_probs, self.lattice.config.prior_weight)
             target_logq = None
             if self.weights.distractor > 0:
                 if target_final_hidden is None:

@@ -57,14 +57,15 @@ def _inputs(store: dict, rows: torch.Tensor, k: int, embed: torch.Tensor, dropou
 
 def walk_scores(head, prior: torch.Tensor | None, store: dict, rows: torch.Tensor, k: int, embed: torch.Tensor,
                 dropout: float = 0.0, generator: torch.Generator | None = None):
-    """(start, pairs, candidate ids) of the store's blocks `rows`: the head's scores, plus the
-    drafter's log-prob prior where the recipe trains one (heads.lattice_prior). The prior reads
-    the true log-probs even where feature dropout hid them from the head."""
+    """(start, pairs, candidate ids) of the store's blocks `rows`: the head's scores plus the
+    drafter's log-prob prior (heads.lattice_prior), weighted by `prior` where the recipe trains
+    one, else by the head's own config (0: none). The prior reads the true log-probs even where
+    feature dropout hid them from the head."""
     inputs, ids = _inputs(store, rows, k, embed, dropout, generator)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         start, pairs = head.score(*inputs)
-    if prior is not None:
-        start, pairs = with_logprob_prior(start, pairs, store["candidate_log_probs"][rows, :, :k], prior)
+    weight = head.config.prior_weight if prior is None else prior
+    start, pairs = with_logprob_prior(start, pairs, store["candidate_log_probs"][rows, :, :k], weight)
     return start, pairs, ids
 
 

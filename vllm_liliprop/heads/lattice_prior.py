@@ -21,6 +21,9 @@ PRIOR_KEY = "liliprop_lattice_prior_weight"
 
 def with_logprob_prior(start: torch.Tensor, pairs: torch.Tensor, log_probs: torch.Tensor,
                        weight: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(start, pairs) plus `weight` times each candidate's drafter log-prob [B, S, K]."""
+    """(start, pairs) plus `weight` times each candidate's drafter log-prob [B, S, K]; a weight
+    of 0 (a plain number) returns them untouched: upstream's walk, bit for bit."""
+    if not isinstance(weight, torch.Tensor) and weight == 0:
+        return start, pairs
     prior = weight * log_probs.to(start.dtype)
     return start + prior[:, 0], pairs + prior[:, 1:pairs.shape[1] + 1, None, :]

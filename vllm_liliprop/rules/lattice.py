@@ -127,8 +127,7 @@ class LatticeRule:
         start, pairs = score(
             inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
         )
-        if self.head.config.prior_weight:
-            start, pairs = with_logprob_prior(start, pairs, log_probs, self.head.config.prior_weight)
+        start, pairs = with_logprob_prior(start, pairs, log_probs, self.head.config.prior_weight)
         return Lattice(ids, start, pairs)
 
     def walk_faults(self, start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
