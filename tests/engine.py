@@ -126,27 +126,29 @@ def run_in_subprocess(code: str, env_overrides: dict[str, str], timeout: int = 6
 def predict_counters(outputs, draft_fn, k, max_tokens=32):
     """Spec-decode counters predicted from plain greedy outputs for a known draft policy.
 
-    draft_fn(ys, p) -> k draft tokens given the output so far ys[: p + 1] (ys[p] is the last
-    verified token). After prefill the first output token is verified; each step accepts the
-    leading drafts that match the target's own continuation and adds one bonus token, until
-    max_tokens are out. The last step's drafts are verified past max_tokens (the surplus is
-    dropped afterwards), so `outputs` must run k tokens longer than max_tokens."""
-    drafts = accepted = 0
+    draft_fn(ys, p) -> up to k draft tokens given the output so far ys[: p + 1] (ys[p] is the
+    last verified token; fewer than k: a draft cut short, none: a plain step). After prefill
+    the first output token is verified; each step accepts the leading drafts that match the
+    target's own continuation and adds one bonus token, until max_tokens are out. The last
+    step's drafts are verified past max_tokens (the surplus is dropped afterwards), so
+    `outputs` must run k tokens longer than max_tokens."""
+    drafts = drafted = accepted = 0
     per_pos = [0] * k
     for ys in outputs:
         assert len(ys) >= max_tokens + k
         p = 0
         while p < max_tokens - 1:
-            proposal = draft_fn(ys, p)
+            proposal = list(draft_fn(ys, p))[:k]
             a = 0
-            while a < k and ys[p + 1 + a] == proposal[a]:
+            while a < len(proposal) and ys[p + 1 + a] == proposal[a]:
                 a += 1
-            drafts += 1
+            drafts += bool(proposal)
+            drafted += len(proposal)
             accepted += a
             for i in range(a):
                 per_pos[i] += 1
             p += a + 1
-    return [drafts, drafts * k, accepted, per_pos]
+    return [drafts, drafted, accepted, per_pos]
 
 
 def counters_list(c):

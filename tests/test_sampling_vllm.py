@@ -50,8 +50,12 @@ def peaky(tiny_models):
         {"rule": "dels", "sampling": "probabilistic"},
         # The hybrid: found rows are one-hot drafts beside the head's sampled distributions.
         {"rule": "lattice", "sampling": "probabilistic", "prompt_lookup": [1, 2]},
+        # ...and the head's block cut to one slot: vLLM verifies a prefix of its distributions.
+        {"rule": "lattice", "sampling": "probabilistic", "prompt_lookup": [1, 2],
+         "rule_draft_length": 1},
     ],
-    ids=["lattice-deterministic", "lattice-probabilistic", "dels-probabilistic", "lattice-lookup"],
+    ids=["lattice-deterministic", "lattice-probabilistic", "dels-probabilistic", "lattice-lookup",
+         "lattice-lookup-cut"],
 )
 def test_sampled_output_distribution_matches_plain_sampling(peaky, options):
     spec, counters, drafter = generate(peaky["target"], peaky["draft"], options=options,

@@ -19,6 +19,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_liliprop.draft_length import check_draft_length
 from vllm_liliprop.heads.dels import check_fusion_weight
 from vllm_liliprop.heads.lattice import read_dflash_fields
 from vllm_liliprop.prompt_lookup import check_lookup_lengths
@@ -54,6 +55,9 @@ class LiliPropOptions:
     # [min_n, max_n]: the hybrid rule. Where a request's last min_n..max_n tokens occurred earlier
     # in it, the tokens that followed them are its draft instead of the rule's (prompt_lookup.py).
     prompt_lookup: tuple[int, int] | None = None
+    # How many of the rule's slots a request's draft keeps (None: all k); a lookup continuation
+    # keeps all k. With prompt_lookup, k can then be long for the lookup only (draft_length.py).
+    rule_draft_length: int | None = None
     # Where each value came from, for the startup log line.
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -124,6 +128,11 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
     if out.get("prompt_lookup") is not None:
         try:
             out["prompt_lookup"] = check_lookup_lengths(out["prompt_lookup"], f"{where}.prompt_lookup")
+        except ValueError as exc:
+            raise OptionError(f"{exc}.") from None
+    if out.get("rule_draft_length") is not None:
+        try:
+            check_draft_length(out["rule_draft_length"], f"{where}.rule_draft_length")
         except ValueError as exc:
             raise OptionError(f"{exc}.") from None
     return out

@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Nine patches, each logged once and safe to apply twice:
+Ten patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -43,7 +43,10 @@ Nine patches, each logged once and safe to apply twice:
    been imported (vLLM's n-gram proposer, method "ngram"), llvmlite's duck-typed CDLL
    (`llvmlite.binding.ffi.lib`) answers `__dict__` with a wrapped function, so the next engine
    of the process stops with "'_lib_fn_wrapper' object has no attribute 'get'". Its lookup of
-   dunder names now raises AttributeError, as ctypes' own CDLL does.
+   dunder names now raises AttributeError, as ctypes' own CDLL does;
+10. the runner's host copy of the drafts (what the scheduler schedules and the target verifies)
+   is cut at each row's first NO_DRAFT slot (draft_length.py), so a draft rule can draft fewer
+   than k tokens for a request (`rule_draft_length`). Rows without one pass unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from typing import Any, Callable
 import torch
 from vllm.logger import init_logger
 
+from vllm_liliprop.draft_length import trim_rows
 from vllm_liliprop.options import DSPARK_ARCH, LILICORR_ARCH, env_options
 from vllm_liliprop.vllm import rule_health
 
@@ -211,6 +215,14 @@ def _wrap_bookkeeping_cpu(original: Callable) -> Callable:
     return _bookkeeping_sync
 
 
+def _wrap_host_drafts(original: Callable) -> Callable:
+    def _get_draft_token_ids_cpu(self):
+        draft_token_ids, req_ids = original(self)
+        return trim_rows(draft_token_ids), req_ids
+
+    return _get_draft_token_ids_cpu
+
+
 def _wrap_make_stats(original: Callable) -> Callable:
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
         if self.log_stats:
@@ -277,6 +289,7 @@ def apply_patches() -> None:
         (SpeculativeConfig, "__post_init__", _wrap_speculative_post_init),
         (EAGLEConfig, "__init__", _wrap_eagle_config_init),
         (Scheduler, "make_stats", _wrap_make_stats),
+        (gpu_model_runner.GPUModelRunner, "_get_draft_token_ids_cpu", _wrap_host_drafts),
         (SpecDecodingProm, "__init__", _wrap_spec_prom_init),
         (SpecDecodingProm, "observe", _wrap_spec_prom_observe),
     ):

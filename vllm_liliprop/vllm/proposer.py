@@ -16,7 +16,9 @@ Only these things differ from `DFlashProposer`:
 - with the `prompt_lookup` option (the hybrid rule), `prepare_next_token_ids_padded` also looks
   each request's last tokens up in its own history (prompt_lookup.py; one host read of the
   verified tokens a step), and `_sample_draft_tokens` puts the continuation it found in place
-  of the rule's block for those requests;
+  of the rule's block for those requests; with `rule_draft_length`, the rule's block is cut to
+  that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
+  (draft_length.py);
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
@@ -38,6 +40,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
+from vllm_liliprop.draft_length import cut_drafts
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -93,6 +96,25 @@ def refuse_heterogeneous_vocab(speculative_config) -> None:
         )
 
 
+def check_rule_draft_length(length: int | None, speculative_config, scheduler_config) -> None:
+    """`rule_draft_length` cuts drafts through the host lists vLLM hands its scheduler
+    (draft_length.py): refuse it, at engine start, where those lists are not used or where it
+    cuts nothing."""
+    if length is None:
+        return
+    if getattr(scheduler_config, "async_scheduling", False):
+        raise ValueError(
+            f"liliprop.rule_draft_length = {length} shortens drafts through the scheduler's host "
+            "copy, which async scheduling skips; start the engine with async_scheduling=False "
+            "(vLLM's CPU platform always does), or leave rule_draft_length out.")
+    k = int(speculative_config.num_speculative_tokens)
+    if length >= k:
+        raise ValueError(
+            f"liliprop.rule_draft_length = {length} keeps every one of the "
+            f"num_speculative_tokens = {k} slots: use a length below k (k long for the prompt "
+            "lookup, e.g. k = 7 with rule_draft_length = 3), or leave it out.")
+
+
 def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(target_model, "get_language_model"):
         return target_model.get_language_model()
@@ -136,8 +158,10 @@ class LiliPropProposer(DFlashProposer):
         self._lookup_lengths = getattr(self.liliprop_options, "prompt_lookup", None)
         self._lookup: tuple[torch.Tensor, torch.Tensor] | None = None
         self.num_lookup_rows = 0  # rows whose draft came from the lookup
+        self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
+            check_rule_draft_length(self._rule_draft_length, spec, vllm_config.scheduler_config)
             logger.info(
                 "vllm-liliprop serves this draft: %s (sources: %s)",
                 self.liliprop_options.to_dict(),
@@ -316,15 +340,19 @@ class LiliPropProposer(DFlashProposer):
             return None
 
     def _with_lookup(self, token_ids: torch.Tensor, probs):
-        """The block with the lookup's continuation where it found one (the hybrid rule)."""
+        """The block vLLM verifies: the lookup's continuation where it found one (the hybrid
+        rule), the rule's block elsewhere, cut to `rule_draft_length` slots if set."""
         lookup, self._lookup = self._lookup, None
         batch, slots = token_ids.shape
-        if lookup is None or lookup[1].shape[0] != batch or lookup[0].shape[1] < slots:
-            return token_ids, probs
+        found = None
         # A speculation schedule may draft fewer slots than the configured k at this batch size.
-        ids, found = lookup[0][:, :slots], lookup[1]
-        self.num_lookup_rows += int(found.sum())
-        return replace_rows(token_ids, probs, found, ids)
+        if lookup is not None and lookup[1].shape[0] == batch and lookup[0].shape[1] >= slots:
+            ids, found = lookup[0][:, :slots], lookup[1]
+            self.num_lookup_rows += int(found.sum())
+            token_ids, probs = replace_rows(token_ids, probs, found, ids)
+        if self._rule_draft_length is not None:
+            token_ids = cut_drafts(token_ids, self._rule_draft_length, found)
+        return token_ids, probs
 
     def _track_acceptance(self, method: str, *args) -> None:
         """Health bookkeeping must never take the engine down: a fault turns it off, logged once."""
