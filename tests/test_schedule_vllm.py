@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import build_tiny_dspark
-from tests.engine import ENGINE_FLAGS, PROMPTS, liliprop_env
+from tests.engine import ENGINE_FLAGS, PROMPTS, find_drafter, liliprop_env
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -27,10 +27,13 @@ SCHEDULE = [[1, 2, 0], [3, 4, 2], [5, 256, 3]]
 LENGTHS = [8, 16, 24, 32, 40]
 
 
-def generate(target, prompts, speculative_config=None, options=None):
-    """(token ids per prompt, Counter of the k each propose() call was asked for)."""
+def generate(target, prompts, speculative_config=None, options=None, details=None):
+    """(token ids per prompt, Counter of the k each propose() call was asked for). `details`
+    (a dict) also receives the spec-decode counters, the drafter's query passes and its
+    context-only steps."""
     from vllm import LLM, SamplingParams
 
+    from vllm_liliprop.vllm.metrics import SpecDecodeCounters
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     asked: Counter = Counter()
@@ -44,9 +47,22 @@ def generate(target, prompts, speculative_config=None, options=None):
     try:
         with liliprop_env(options):
             llm = LLM(model=str(target), speculative_config=speculative_config, **ENGINE_FLAGS)
+            drafter = find_drafter(llm) if details is not None else None
+            passes = Counter()
+            if drafter is not None:
+                forward = drafter.model.forward
+
+                def counted(*args, **kwargs):
+                    passes["query"] += 1
+                    return forward(*args, **kwargs)
+                drafter.model.forward = counted
             params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
                       for n in LENGTHS]
             outputs = llm.generate(prompts, params, use_tqdm=False)
+            if details is not None:
+                details.update(counters=SpecDecodeCounters.from_metrics(llm.get_metrics()),
+                               query_passes=passes["query"],
+                               context_only=drafter.num_context_only_steps)
             del llm
     finally:
         LiliPropProposer.propose = original
@@ -100,3 +116,30 @@ def test_dspark_anchor_layout_under_a_schedule_with_plain_steps(tiny_models):
     plain, _ = generate(tiny_models["target"], PROMPTS)
     ids, asked = generate(tiny_models["target"], PROMPTS, scheduled("dspark", draft))
     check(ids, plain, asked)
+
+
+def test_plain_steps_write_the_context_without_the_drafters_query_pass(smollm2_prompts):
+    """At k = 0 the proposer only stores the step's context K/V: the drafter's query pass runs
+    at the k > 0 steps alone, and every later draft is the one vLLM's full pass leads to (the
+    shipped drafter reads its context, so the acceptance counters would move otherwise)."""
+    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
+    target, prompts, plain = smollm2_prompts
+    # Plain steps while the batch is large, then drafts that read the context those steps wrote.
+    spec = dict(scheduled("dflash", DRAFTS / "dflash"),
+                num_speculative_tokens_per_batch_size=[[1, 2, 3], [3, 256, 0]])
+    skipped: dict = {}
+    ids, asked = generate(target, prompts, spec, {"rule": "argmax"}, skipped)
+    assert ids == plain and set(asked) == {0, 3}, asked
+    assert skipped["context_only"] == asked[0] > 0
+    assert skipped["query_passes"] == asked[3]
+    full: dict = {}
+    LiliPropProposer.skip_plain_step_queries = False
+    try:
+        ids_full, asked_full = generate(target, prompts, spec, {"rule": "argmax"}, full)
+    finally:
+        LiliPropProposer.skip_plain_step_queries = True
+    assert ids_full == plain and asked_full == asked
+    assert full["context_only"] == 0 and full["query_passes"] == sum(asked.values())
+    assert skipped["counters"] == full["counters"], (skipped, full)
+    assert full["counters"].num_accepted_tokens > 0

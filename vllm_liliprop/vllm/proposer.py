@@ -19,6 +19,8 @@ Only these things differ from `DFlashProposer`:
   of the rule's block for those requests; with `rule_draft_length`, the rule's block is cut to
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
   (draft_length.py);
+- `propose` at k = 0 (a speculation schedule's plain step) writes the step's context K/V and
+  skips the drafter's pass over the queries, which vLLM runs and discards;
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
@@ -122,6 +124,9 @@ def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
 
 
 class LiliPropProposer(DFlashProposer):
+    # k = 0 steps write the context K/V only (False: vLLM's full pass; tests compare the two).
+    skip_plain_step_queries = True
+
     def __new__(cls, *args, **kwargs):
         if cls is LiliPropProposer and not liliprop_allowed():
             logger.info("VLLM_PLUGINS leaves out vllm-liliprop: this engine runs vLLM's own "
@@ -158,6 +163,7 @@ class LiliPropProposer(DFlashProposer):
         self._lookup_lengths = getattr(self.liliprop_options, "prompt_lookup", None)
         self._lookup: tuple[torch.Tensor, torch.Tensor] | None = None
         self.num_lookup_rows = 0  # rows whose draft came from the lookup
+        self.num_context_only_steps = 0  # k = 0 steps that skipped the drafter's query pass
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
@@ -288,6 +294,43 @@ class LiliPropProposer(DFlashProposer):
             self.num_speculative_tokens = num_spec
         # Request b's queries are rows b * N .. b * N + N - 1: all of them, in order.
         return num_query_total, self.arange[:num_query_total], new_cad
+
+    @override
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions,
+                target_hidden_states, next_token_ids, token_indices_to_sample,
+                common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
+                num_rejected_tokens_gpu=None, slot_mappings=None):
+        if num_speculative_tokens > 0 or not self.skip_plain_step_queries:
+            return super().propose(
+                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                slot_mappings=slot_mappings)
+        return self._store_context_only(target_token_ids, target_positions, target_hidden_states,
+                                        next_token_ids, common_attn_metadata,
+                                        num_rejected_tokens_gpu)
+
+    def _store_context_only(self, target_token_ids, target_positions, target_hidden_states,
+                            next_token_ids, cad, num_rejected_tokens_gpu) -> torch.Tensor:
+        """A k = 0 step (a speculation schedule's plain step): only the step's context K/V is
+        written, so that later drafts see it. vLLM's parent also runs the drafter over one query
+        per request and discards it; that query's K/V sits at the next position, which the next
+        step's context overwrites, so skipping it changes no later draft and the step costs
+        about a plain one."""
+        self.num_speculative_tokens = 0
+        self._last_draft_probs = None
+        num_tokens, _, _ = self.set_inputs_first_pass(
+            target_token_ids=target_token_ids,
+            next_token_ids=next_token_ids,
+            target_positions=target_positions,
+            target_hidden_states=self.model.combine_hidden_states(target_hidden_states),
+            token_indices_to_sample=None,
+            cad=cad,
+            num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+        )
+        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
+        self.num_context_only_steps += 1
+        return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
 
     def _remember_anchor_state(self, context_states, cad, num_rejected) -> None:
         # In padded mode the context still holds the rejected slots: the last verified token of
