@@ -118,25 +118,47 @@ def test_dspark_anchor_layout_under_a_schedule_with_plain_steps(tiny_models):
     check(ids, plain, asked)
 
 
-def test_plain_steps_write_the_context_without_the_drafters_query_pass(smollm2_prompts):
-    """At k = 0 the proposer only stores the step's context K/V: the drafter's query pass runs
-    at the k > 0 steps alone, and every later draft is the one vLLM's full pass leads to (the
-    shipped drafter reads its context, so the acceptance counters would move otherwise)."""
+def copying_prompts(target):
+    """Five chat prompts whose replies copy a list from the prompt, and their plain outputs."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    items = ["red, green, blue, yellow", "one two three four five six", "alpha beta gamma delta",
+             "monday tuesday wednesday thursday", "apple pear plum cherry grape"]
+    prompts = [tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Repeat this list ten times, one per line: {x}"}],
+        tokenize=False, add_generation_prompt=True) for x in items]
+    return prompts, generate(target, prompts)[0]
+
+
+@pytest.mark.parametrize("options", [{"rule": "argmax"},
+                                     {"rule": "argmax", "prompt_lookup": [2, 4]}],
+                         ids=["DFlash", "DFlash+lookup"])
+def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass(
+        smollm2_prompts, options):
+    """At k = 0, and where every request drafts its lookup continuation, the proposer only
+    stores the step's context K/V: the drafter's query pass runs at the other steps alone, and
+    every later draft is the one vLLM's full pass leads to (the shipped drafter reads its
+    context, so the acceptance counters would move otherwise)."""
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     target, prompts, plain = smollm2_prompts
+    if "prompt_lookup" in options:  # replies that copy their prompt, so lookups match
+        prompts, plain = copying_prompts(target)
     # Plain steps while the batch is large, then drafts that read the context those steps wrote.
     spec = dict(scheduled("dflash", DRAFTS / "dflash"),
                 num_speculative_tokens_per_batch_size=[[1, 2, 3], [3, 256, 0]])
     skipped: dict = {}
-    ids, asked = generate(target, prompts, spec, {"rule": "argmax"}, skipped)
+    ids, asked = generate(target, prompts, spec, options, skipped)
     assert ids == plain and set(asked) == {0, 3}, asked
-    assert skipped["context_only"] == asked[0] > 0
-    assert skipped["query_passes"] == asked[3]
+    assert skipped["context_only"] >= asked[0] > 0
+    assert skipped["query_passes"] + skipped["context_only"] == sum(asked.values())
+    if "prompt_lookup" in options:
+        assert skipped["context_only"] > asked[0]  # steps drafted by the lookup alone
     full: dict = {}
     LiliPropProposer.skip_plain_step_queries = False
     try:
-        ids_full, asked_full = generate(target, prompts, spec, {"rule": "argmax"}, full)
+        ids_full, asked_full = generate(target, prompts, spec, options, full)
     finally:
         LiliPropProposer.skip_plain_step_queries = True
     assert ids_full == plain and asked_full == asked

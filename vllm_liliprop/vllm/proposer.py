@@ -19,8 +19,9 @@ Only these things differ from `DFlashProposer`:
   of the rule's block for those requests; with `rule_draft_length`, the rule's block is cut to
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
   (draft_length.py);
-- `propose` at k = 0 (a speculation schedule's plain step) writes the step's context K/V and
-  skips the drafter's pass over the queries, which vLLM runs and discards;
+- `propose` at k = 0 (a speculation schedule's plain step), and in a hybrid step where every
+  request drafts its lookup continuation, writes the step's context K/V and skips the drafter's
+  pass over the queries, whose block would be discarded;
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
@@ -163,7 +164,9 @@ class LiliPropProposer(DFlashProposer):
         self._lookup_lengths = getattr(self.liliprop_options, "prompt_lookup", None)
         self._lookup: tuple[torch.Tensor, torch.Tensor] | None = None
         self.num_lookup_rows = 0  # rows whose draft came from the lookup
-        self.num_context_only_steps = 0  # k = 0 steps that skipped the drafter's query pass
+        self.num_context_only_steps = 0  # steps that skipped the drafter's query pass
+        self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
+        self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
@@ -300,23 +303,45 @@ class LiliPropProposer(DFlashProposer):
                 target_hidden_states, next_token_ids, token_indices_to_sample,
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None):
-        if num_speculative_tokens > 0 or not self.skip_plain_step_queries:
+        looked_up = self._lookup_for_every_row(common_attn_metadata.batch_size(),
+                                               num_speculative_tokens)
+        needs_queries = num_speculative_tokens > 0 and looked_up is None
+        if needs_queries or not self.skip_plain_step_queries:
             return super().propose(
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
                 slot_mappings=slot_mappings)
-        return self._store_context_only(target_token_ids, target_positions, target_hidden_states,
-                                        next_token_ids, common_attn_metadata,
-                                        num_rejected_tokens_gpu)
+        plain = self._store_context_only(target_token_ids, target_positions, target_hidden_states,
+                                         next_token_ids, common_attn_metadata,
+                                         num_rejected_tokens_gpu)
+        if num_speculative_tokens == 0:
+            return plain
+        # Every request drafts its lookup continuation: the drafter's block would be discarded.
+        self.num_speculative_tokens = num_speculative_tokens
+        self._lookup = None
+        self.num_lookup_rows += looked_up.shape[0]
+        self.num_lookup_only_steps += 1
+        return looked_up.to(self.device)
+
+    def _lookup_for_every_row(self, batch: int, k: int) -> torch.Tensor | None:
+        """This step's lookup drafts [batch, k] when the lookup found one for every request
+        (the hybrid rule then needs nothing of the drafter's pass but the context K/V); else
+        None. Host tensors: the lookup ran on the host."""
+        if self._lookup is None or k == 0:
+            return None
+        ids, found = self._lookup
+        if found.shape[0] != batch or ids.shape[1] < k or not bool(found.all()):
+            return None
+        return ids[:, :k]
 
     def _store_context_only(self, target_token_ids, target_positions, target_hidden_states,
                             next_token_ids, cad, num_rejected_tokens_gpu) -> torch.Tensor:
-        """A k = 0 step (a speculation schedule's plain step): only the step's context K/V is
-        written, so that later drafts see it. vLLM's parent also runs the drafter over one query
-        per request and discards it; that query's K/V sits at the next position, which the next
-        step's context overwrites, so skipping it changes no later draft and the step costs
-        about a plain one."""
+        """A step that needs no drafter block (k = 0, a speculation schedule's plain step; or
+        every request drafting its lookup continuation): only the step's context K/V is
+        written, so that later drafts see it. vLLM's parent would also run the drafter over the
+        queries; their K/V sit at positions the next step's context overwrites, so skipping them
+        changes no later draft. Returns the empty k = 0 draft."""
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
         num_tokens, _, _ = self.set_inputs_first_pass(
@@ -375,7 +400,7 @@ class LiliPropProposer(DFlashProposer):
                 verified = sampled[row][sampled[row] >= 0]
                 histories.append(None if discard[row] else np.concatenate(
                     [gpu_input_batch.token_ids_cpu[row, :known], verified]))
-            return lookup_drafts(histories, *self._lookup_lengths, int(self.num_speculative_tokens))
+            return lookup_drafts(histories, *self._lookup_lengths, self._max_k)
         except Exception:
             self._lookup_lengths = None
             logger.warning("vllm-liliprop's prompt lookup failed and is off for this engine; the "
