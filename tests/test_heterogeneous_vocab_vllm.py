@@ -26,12 +26,15 @@ def make_proposer(monkeypatch, dflash_config, use_heterogeneous_vocab=True):
     def parent_init(self, vllm_config, device, runner=None):
         self.draft_model_config = SimpleNamespace(hf_config=SimpleNamespace(
             architectures=["DFlashDraftModel"], dflash_config=dflash_config))
+        self.num_speculative_tokens = 3
 
     monkeypatch.setattr(DFlashProposer, "__init__", parent_init)
     monkeypatch.delenv(ENV_VAR, raising=False)
     spec = SimpleNamespace(use_heterogeneous_vocab=use_heterogeneous_vocab,
                            draft_sample_method="greedy")
-    return LiliPropProposer(SimpleNamespace(speculative_config=spec), torch.device("cpu"))
+    return LiliPropProposer(SimpleNamespace(speculative_config=spec,
+                                            scheduler_config=SimpleNamespace(async_scheduling=False)),
+                            torch.device("cpu"))
 
 
 def test_rule_with_heterogeneous_vocab_is_refused_at_start(monkeypatch):
