@@ -7,13 +7,8 @@
 # Usage: bash tools/lookup_choice.sh [OUT_DIR] [extra eval args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/env.sh
 out=${1:-results/lookup_choice}; shift || true
-mkdir -p "$out/data/testbed"
-zcat testbed/smollm2/data/heldout_regenerated.jsonl.gz > "$out/heldout.jsonl"
-.venv/bin/python -m tools.heldout_suite --input "$out/heldout.jsonl" --output "$out/data/testbed/heldout.jsonl"
-target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
+source tools/heldout_setup.sh
 draft="$(pwd)/testbed/smollm2/round3/drafts/dflash"
 grid=()
 names=DFlash

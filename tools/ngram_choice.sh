@@ -6,13 +6,8 @@
 # Usage: bash tools/ngram_choice.sh [OUT_DIR] [extra eval args]; hold the measure lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/env.sh
 out=${1:-results/ngram_choice}; shift || true
-mkdir -p "$out/data/testbed"
-zcat testbed/smollm2/data/heldout_regenerated.jsonl.gz > "$out/heldout.jsonl"
-.venv/bin/python -m tools.heldout_suite --input "$out/heldout.jsonl" --output "$out/data/testbed/heldout.jsonl"
-target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
+source tools/heldout_setup.sh
 grid=()
 names=AR
 for setting in 3:1:3 2:2:4 3:2:4 5:2:4 3:3:5 5:3:5; do
