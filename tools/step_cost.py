@@ -4,6 +4,7 @@
     python -m tools.step_cost --target .cache/targets/smollm2-135m-instruct \
         --draft testbed/smollm2/round3/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
     VLLM_PLUGINS= python -m tools.step_cost ...   # the same with vLLM's own DFlashProposer
+    python -m tools.step_cost ... --ks "" --plain-steps --concurrency 16   # the k = 0 step
 
 One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run
 --rounds times in that order, so the arms share the machine's state; each arm generates
@@ -50,11 +51,25 @@ def _wrap(owner, name: str, seconds: collections.Counter, key: str) -> None:
     owner.__dict__[name] = timed
 
 
-def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int) -> dict[str, float]:
-    """ms per engine step of each timed method for one engine (k = 0: plain decoding)."""
+# Arms of --plain-steps: a speculative engine (k = 1) whose schedule drafts nothing at any batch
+# size, with this package's context-only step and with vLLM's full query pass at k = 0.
+PLAIN_STEP_ARMS = {"k=0 context only": True, "k=0 query pass": False}
+
+
+def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
+                plain_steps: bool | None = None) -> dict[str, float]:
+    """ms per engine step of each timed method for one engine (k = 0: plain decoding;
+    plain_steps True / False: a speculative engine at k = 0 throughout, whose proposer skips /
+    runs the drafter's query pass)."""
     from vllm import LLM, SamplingParams
 
+    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
     spec = None if k == 0 else {"method": "dflash", "model": draft, "num_speculative_tokens": k}
+    if plain_steps is not None:
+        spec = {"method": "dflash", "model": draft, "num_speculative_tokens": 1,
+                "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
+        LiliPropProposer.skip_plain_step_queries = plain_steps
     llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
               speculative_config=spec, max_num_seqs=concurrency)
     engine = llm.llm_engine
@@ -86,6 +101,7 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     row.update({key: 1000 * value / steps for key, value in seconds.items()})
     del llm, engine, runner, drafter
     gc.collect()
+    LiliPropProposer.skip_plain_step_queries = True
     return row
 
 
@@ -99,13 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ks", default="1,3", help="speculative token counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=300, help="tokens generated per prompt")
+    parser.add_argument("--plain-steps", action="store_true",
+                        help="also a speculative engine at k = 0 throughout, with and without "
+                             "the drafter's query pass (vllm_liliprop/vllm/proposer.py)")
     args = parser.parse_args(argv)
-    arms = [0] + [int(k) for k in args.ks.split(",")]
+    arms = {"AR": (0, None)}
+    arms.update({f"k={k}": (int(k), None) for k in args.ks.split(",") if k})
+    if args.plain_steps:
+        arms.update({name: (1, skip) for name, skip in PLAIN_STEP_ARMS.items()})
     rows: dict[str, list[dict]] = collections.defaultdict(list)
     for _ in range(args.rounds):
-        for k in arms:
-            rows["AR" if k == 0 else f"k={k}"].append(
-                measure_arm(args.target, args.draft, k, args.concurrency, args.tokens))
+        for name, (k, plain_steps) in arms.items():
+            rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
+                                          args.tokens, plain_steps))
     table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
     pd.set_option("display.width", 200)
     print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}")
