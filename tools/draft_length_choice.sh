@@ -21,8 +21,4 @@ for setting in ${LILIPROP_LENGTHS:-7:3 7:2 11:3}; do
     names="$names,$name"
     grid+=(--system "$name={\"speculative_config\": {\"method\": \"dflash\", \"model\": \"$draft\", \"num_speculative_tokens\": $k}, \"liliprop\": {\"rule\": \"argmax\", \"prompt_lookup\": [2, 4], \"rule_draft_length\": $cut}}")
 done
-.venv/bin/python -m eval run --target "$target" --systems testbed/smollm2/systems.json "${grid[@]}" \
-    --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" --only "$names" --benchmarks testbed-heldout \
-    --data-dir "$out/data" --limit 16 --temperatures 0 --concurrency 1 --max-tokens 48 --warmup-tokens 8 \
-    --paired --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' \
-    --results "$out/results.csv" "$@"
+run_heldout "$names" 16 --paired "$@"

@@ -18,11 +18,7 @@ for setting in 1:3 2:4 3:5 4:8; do
     names="$names,$name"
     grid+=(--system "$name={\"speculative_config\": {\"method\": \"dflash\", \"model\": \"$draft\", \"num_speculative_tokens\": 3}, \"liliprop\": {\"rule\": \"argmax\", \"prompt_lookup\": [$lo, $hi]}}")
 done
-.venv/bin/python -m eval run --target "$target" --systems testbed/smollm2/systems.json "${grid[@]}" \
-    --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" --only "$names" --benchmarks testbed-heldout \
-    --data-dir "$out/data" --limit 12 --temperatures 0 --concurrency 1 --max-tokens 48 --warmup-tokens 8 \
-    --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' \
-    --results "$out/results.csv" "$@"
+run_heldout "$names" 12 "$@"
 .venv/bin/python -c "
 import pandas as pd, sys
 d = pd.read_csv(sys.argv[1])[['system', 'num_drafts', 'num_accepted_tokens', 'output_tokens']]

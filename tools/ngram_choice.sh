@@ -16,8 +16,4 @@ for setting in 3:1:3 2:2:4 3:2:4 5:2:4 3:3:5 5:3:5; do
     names="$names,$name"
     grid+=(--system "$name={\"speculative_config\": {\"method\": \"ngram\", \"num_speculative_tokens\": $k, \"prompt_lookup_min\": $lo, \"prompt_lookup_max\": $hi}}")
 done
-.venv/bin/python -m eval run --target "$target" --systems testbed/smollm2/systems.json "${grid[@]}" \
-    --only "$names" --benchmarks testbed-heldout --data-dir "$out/data" --limit 12 \
-    --temperatures 0 --concurrency 1 --max-tokens 48 --warmup-tokens 8 --paired \
-    --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' \
-    --results "$out/results.csv" "$@"
+run_heldout "$names" 12 --paired "$@"

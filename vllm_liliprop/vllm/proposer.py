@@ -125,7 +125,8 @@ def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
 
 
 class LiliPropProposer(DFlashProposer):
-    # k = 0 steps write the context K/V only (False: vLLM's full pass; tests compare the two).
+    # Steps without a drafter block (k = 0, or every request drafting its lookup) write the
+    # context K/V only (False: vLLM's full query pass; tests and tools/step_cost.py compare).
     skip_plain_step_queries = True
 
     def __new__(cls, *args, **kwargs):
