@@ -142,6 +142,8 @@ def _load_target(target: str, dtype: torch.dtype, device: torch.device):
 
 
 def make_data(args, out: Path, record: Round, target_bf16, tokenizer) -> tuple[TokenizedDataset, TokenizedDataset]:
+    if args.conversations:
+        return given_data(args, record, tokenizer)
     start = time.time()
     prompts_file, replies_file = out / "magpie.jsonl", out / "replies.jsonl"
     stops = [tokenizer.convert_tokens_to_ids(m) for m in end_markers(tokenizer)]
@@ -168,6 +170,21 @@ def make_data(args, out: Path, record: Round, target_bf16, tokenizer) -> tuple[T
     record.note("tokenize", train_examples=len(train), snapshot_conversations=len(known),
                 new_conversations=len(replies), heldout_examples=len(held),
                 train_tokens=sum(map(len, train.input_ids)), seconds=round(time.time() - start, 1))
+    return train, held
+
+
+def given_data(args, record: Round, tokenizer) -> tuple[TokenizedDataset, TokenizedDataset]:
+    """A CPU round's data: conversations already generated and decontaminated (`--conversations`,
+    e.g. `replies_cpu.jsonl.gz`, whose record states its filter), alone: a CPU round sees far fewer
+    sequences than there are new conversations, so the snapshot's are left out."""
+    start = time.time()
+    rows = [row for path in args.conversations for row in read_jsonl_conversations(path)]
+    train = tokenize_parallel(args.target, rows, workers=2)
+    held = TokenizedDataset.from_conversations(tokenizer, _snapshot_rows(args.snapshot, "heldout_regenerated"),
+                                               MAX_LENGTH, progress=False)
+    record.note("tokenize", train_examples=len(train), new_conversations=len(rows), heldout_examples=len(held),
+                sources=[str(p) for p in args.conversations], train_tokens=sum(map(len, train.input_ids)),
+                seconds=round(time.time() - start, 1))
     return train, held
 
 
@@ -203,7 +220,7 @@ def train(args, out: Path, record: Round, target_bf16, train_data, heldout) -> P
         trainer.fit()
         step_s = (time.time() - began) / args.calibration_steps
         left = args.t0 + args.budget_s - args.reserve_s - time.time() - args.points * measure_s
-        total = max(trainer.step + 1, int(left / step_s))
+        total = args.total_steps or max(trainer.step + 1, int(left / step_s))
         trainer.retarget(total)
         trainer.config.save_every = max(1, total // args.points)
         record.note("train", step_s=round(step_s, 4), measure_s=round(measure_s, 1), total_steps=total, global_batch=trainer.global_batch,
@@ -242,6 +259,10 @@ def parse(argv: Sequence[str] | None):
     p.add_argument("--calibration-steps", type=int, default=20, help="timed steps after the warm-up ones")
     p.add_argument("--points", type=int, default=6, help="held-out measurements along the run")
     p.add_argument("--anchors", type=int, default=64, help="held-out anchors per example (measure stage)")
+    p.add_argument("--conversations", type=Path, action="append", default=[],
+                   help="train on these generated, decontaminated conversations (skips prompts and replies)")
+    p.add_argument("--total-steps", type=int, default=0,
+                   help="the run's length in steps instead of one fitted to the budget (a shared CPU's step time varies)")
     p.add_argument("--pack", type=Path, default=None, help="write the bundle parts here")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override")
     add_verbose_flag(p)
