@@ -165,3 +165,30 @@ def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass
     assert full["context_only"] == 0 and full["query_passes"] == sum(asked.values())
     assert skipped["counters"] == full["counters"], (skipped, full)
     assert full["counters"].num_accepted_tokens > 0
+
+
+def test_a_step_without_drafts_samples_as_plain_decoding(tiny_models):
+    """A speculative engine whose schedule drafts nothing samples with the plain sampler
+    (patching.py, patch 11): seeded at T = 1 its tokens are plain decoding's, token for token,
+    and vLLM's rejection sampler never runs."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    from tests.engine import generate as run
+
+    seeds = list(range(11, 11 + len(PROMPTS)))
+    plain, _, _ = run(tiny_models["target"], temperature=1.0, seeds=seeds)
+    calls = Counter()
+    forward = RejectionSampler.forward
+
+    def counted(self, *args, **kwargs):
+        calls["rejection"] += 1
+        return forward(self, *args, **kwargs)
+
+    RejectionSampler.forward = counted
+    try:
+        ids, counters, _ = run(tiny_models["target"], tiny_models["draft"], num_spec=3, temperature=1.0,
+                               seeds=seeds, spec_extra={"num_speculative_tokens_per_batch_size": [[1, 256, 0]]})
+    finally:
+        RejectionSampler.forward = forward
+    assert ids == plain
+    assert counters.num_draft_tokens == 0 and calls["rejection"] == 0, (counters, calls)
