@@ -1,10 +1,13 @@
 """`python -m eval schedule`: measure this host and write each system's speculation schedule.
 
 For each chosen system (its `num_speculative_tokens` = K):
-- step costs: one engine per k in 0..K (vLLM's `num_speculative_tokens_per_batch_size` pinned to
-  k at every batch size) and one plain engine; at each batch size b, b held-out prompts generate
-  a short and a long greedy run (ignore_eos) and the extra wall time over the extra engine steps
-  is the cost of one decoding step (the prefill cancels);
+- step costs: a plain engine and one engine per system, all open at once in this process; the
+  system's engine drafts each k in 0..K in turn (vLLM's batch-size -> k table pinned to k,
+  OfflineEngine.pin_k). At each batch size b, b held-out prompts generate a short and a long
+  greedy run (ignore_eos) and the extra wall time over the extra engine steps is the cost of
+  one decoding step (the prefill cancels). Every arm is timed once per round, rounds
+  interleaved (`--rounds`, median used), so the host's drift between arms cancels: timed one
+  engine after another, this 2-core host once ranked k = 1 dearer than k = 3;
 - acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
 - the schedule maximising expected tokens/s (eval/schedule_model.py) for batch sizes 1..max.
 It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
@@ -19,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from itertools import cycle, islice
 from pathlib import Path
 
@@ -50,6 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--engine-flags", default="{}", metavar="JSON",
                    help="vllm.LLM keyword arguments (dtype default: this host's, "
                         "python -m vllm_liliprop.host)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is used)")
     p.add_argument("--out", required=True, help="systems file to write")
 
 
@@ -86,22 +91,9 @@ def pinned(speculative_config: dict, k: int, max_batch: int) -> dict:
     return dict(speculative_config, num_speculative_tokens_per_batch_size=[[1, max_batch, k]])
 
 
-def step_costs(engine, prompts, render, batch_sizes, tokens, repeats=3) -> dict[int, float]:
-    """Seconds per decoding step at each batch size: the long run's extra time over its extra
-    steps, so that the prefill and the engine's per-batch overheads cancel; the median of
-    `repeats` such pairs (a shared host's noise)."""
-    from vllm_liliprop.vllm.offline import Sampling
-
-    engine.run_batch(prompts[:1], render, Sampling(0.0, tokens[0], None, True))  # warm-up
-    costs = {}
-    for b in batch_sizes:
-        batch = list(islice(cycle(prompts), b))
-        costs[b] = statistics.median(_one_step_cost(engine, batch, render, tokens)
-                                     for _ in range(repeats))
-    return costs
-
-
 def _one_step_cost(engine, batch, render, tokens) -> float:
+    """Seconds per decoding step: the long run's extra time over its extra steps, so that the
+    prefill and the engine's per-batch overheads cancel."""
     from vllm_liliprop.vllm.offline import Sampling
 
     short, long = (engine.run_batch(batch, render, Sampling(0.0, n, None, True)) for n in tokens)
@@ -122,37 +114,46 @@ def acceptance(engine, prompts, render, max_tokens=64) -> list[float]:
     return list(result.counters.acceptance_rate_per_pos)
 
 
-def measure_system(args, system, flags, prompts, batch_sizes, tokens, log) -> dict:
-    from vllm_liliprop.vllm.offline import OfflineEngine
-
-    from transformers import AutoTokenizer
-
-    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
-    top = int(system.speculative_config["num_speculative_tokens"])
-    max_batch = max(batch_sizes)
-    costs: dict[int, dict[int, float]] = {}
-    accepted: list[float] = []
-    for k in range(top, -1, -1):
-        config = pinned(system.speculative_config, k, max_batch)
-        with OfflineEngine(args.target, flags, config, system.options(), max_num_seqs=max_batch) as e:
-            costs[k] = step_costs(e, prompts, render, batch_sizes, tokens)
-            if k == top:
-                accepted = acceptance(e, prompts, render)
-        log(f"{system.name} k={k}: ms/step " + ", ".join(
-            f"b={b} {1000 * s:.1f}" for b, s in costs[k].items()))
-    return {"acceptance_per_pos": accepted, "step_costs_s": costs}
+def arms(systems) -> list[tuple[str, int]]:
+    """(engine name, k) of every timed arm: plain decoding, then each system at k = K..0."""
+    top = {s.name: int(s.speculative_config["num_speculative_tokens"]) for s in systems}
+    return [(BASELINE, 0)] + [(name, k) for name, K in top.items() for k in range(K, -1, -1)]
 
 
-def plain_costs(args, flags, prompts, batch_sizes, tokens, log) -> dict[int, float]:
-    from vllm_liliprop.vllm.offline import OfflineEngine
+def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log) -> dict:
+    """Seconds per step of every arm at every batch size, measured in `rounds` interleaved rounds
+    (each round times every arm once per batch size, in an order rotated from round to round),
+    so a shared host's drift falls on all arms alike: {name: {k: {b: [s, one per round]}}}.
+    A system's engine runs each k in turn (OfflineEngine.pin_k)."""
+    from vllm_liliprop.vllm.offline import Sampling
 
-    from transformers import AutoTokenizer
+    for engine in engines.values():
+        engine.run_batch(prompts[:1], render, Sampling(0.0, tokens[0], None, True))  # warm-up
+    times: dict = {}
+    for r in range(rounds):
+        for b in batch_sizes:
+            batch = list(islice(cycle(prompts), b))
+            shift = (r + b) % len(arm_list)
+            for name, k in arm_list[shift:] + arm_list[:shift]:
+                if name != BASELINE:
+                    engines[name].pin_k(k)
+                cost = _one_step_cost(engines[name], batch, render, tokens)
+                times.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(cost)
+        log(f"round {r + 1}/{rounds}: " + "; ".join(
+            f"{name} k={k} " + ", ".join(f"b={b} {1000 * t[-1]:.1f}" for b, t in by_b.items())
+            for name, by_k in times.items() for k, by_b in by_k.items()))
+    return times
 
-    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
-    with OfflineEngine(args.target, flags, None, None, max_num_seqs=max(batch_sizes)) as engine:
-        costs = step_costs(engine, prompts, render, batch_sizes, tokens)
-    log("AR: ms/step " + ", ".join(f"b={b} {1000 * s:.1f}" for b, s in costs.items()))
-    return costs
+
+def medians(times: dict[int, dict[int, list[float]]]) -> dict[int, dict[int, float]]:
+    return {k: {b: statistics.median(t) for b, t in by_b.items()} for k, by_b in times.items()}
+
+
+def ratios_to_plain(times: dict, plain: dict[int, list[float]]) -> dict[int, dict[int, float]]:
+    """Each k's step cost over plain decoding's in the same round, the median over rounds: the
+    paired figure (what a k = 0 step costs against a plain engine's, say)."""
+    return {k: {b: round(statistics.median(x / y for x, y in zip(t, plain[b])), 4)
+                for b, t in by_b.items()} for k, by_b in times.items()}
 
 
 def predictions(accepted, costs, ar_costs, ranges, batch_sizes) -> list[dict]:
@@ -172,6 +173,28 @@ def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
     spec = dict(entry["speculative_config"], num_speculative_tokens_per_batch_size=ranges)
     return dict(entry, speculative_config=spec,
                 description=f"{entry.get('description', '')} | scheduled on this host: {summary}")
+
+
+def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log) -> tuple[dict, dict]:
+    """(acceptance per position of each system at its K, step_costs' times of every arm), with
+    plain decoding's engine and one engine per system open together."""
+    from transformers import AutoTokenizer
+
+    from vllm_liliprop.vllm.offline import OfflineEngine
+
+    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
+    with ExitStack() as stack:
+        engines = {BASELINE: stack.enter_context(OfflineEngine(args.target, flags, None, None,
+                                                               max_num_seqs=max_batch))}
+        accepted: dict[str, list[float]] = {}
+        for system in systems:
+            top = int(system.speculative_config["num_speculative_tokens"])
+            engines[system.name] = stack.enter_context(OfflineEngine(
+                args.target, flags, pinned(system.speculative_config, top, max_batch),
+                system.options(), max_num_seqs=max_batch))
+            accepted[system.name] = acceptance(engines[system.name], prompts, render)
+        times = step_costs(engines, arms(systems), prompts, render, batch_sizes, tokens, args.rounds, log)
+    return accepted, times
 
 
 def command(args) -> int:
@@ -196,23 +219,27 @@ def command(args) -> int:
     def log(line: str) -> None:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
-    ar_costs = plain_costs(args, flags, prompts, batch_sizes, tokens, log)
+    accepted, times = measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log)
+    plain = times[BASELINE][0]
+    ar_costs = medians(times[BASELINE])[0]
     out = {BASELINE: raw.get(BASELINE, {})}
     record = {"dtype": flags["dtype"], "batch_sizes": batch_sizes, "tokens": tokens,
-              "heldout": args.heldout, "prompts": len(prompts), "AR_step_costs_s": ar_costs,
-              "systems": {}}
+              "rounds": args.rounds, "heldout": args.heldout, "prompts": len(prompts),
+              "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     for system in systems:
-        measured = measure_system(args, system, flags, prompts, batch_sizes, tokens, log)
-        accepted, costs = measured["acceptance_per_pos"], measured["step_costs_s"]
-        ranges = schedule_model.schedule(accepted, costs, max_batch)
+        costs = medians(times[system.name])
+        ranges = schedule_model.schedule(accepted[system.name], costs, max_batch)
         summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
-        log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted]}; "
+        log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted[system.name]]}; "
             f"schedule {summary}")
         out[system.name] = raw[system.name]
         out[system.name + SCHEDULED] = scheduled_entry(raw[system.name], ranges, summary)
         record["systems"][system.name] = dict(
-            measured, schedule=ranges,
-            predicted_tokens_per_s=predictions(accepted, costs, ar_costs, ranges, batch_sizes))
+            acceptance_per_pos=accepted[system.name], step_costs_s=costs,
+            step_costs_s_by_round=times[system.name],
+            step_cost_over_plain=ratios_to_plain(times[system.name], plain), schedule=ranges,
+            predicted_tokens_per_s=predictions(accepted[system.name], costs, ar_costs, ranges,
+                                               batch_sizes))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     measurements = Path(args.out).with_suffix(".measurements.json")

@@ -221,6 +221,22 @@ class OfflineEngine:
     def counters(self) -> SpecDecodeCounters:
         return SpecDecodeCounters.read(self._llm())
 
+    def pin_k(self, k: int) -> None:
+        """Draft exactly k tokens at every batch size from the next step on, in a running engine:
+        one engine then measures every k in turn (eval schedule), so host drift between engines
+        does not enter the comparison. Needs an in-process engine (scripts/env.sh sets
+        VLLM_ENABLE_V1_MULTIPROCESSING=0) started with `num_speculative_tokens_per_batch_size`,
+        whose dense batch-size -> k table vLLM's scheduler reads each step."""
+        scheduler = getattr(getattr(self._engine().engine_core, "engine_core", None), "scheduler", None)
+        table = getattr(scheduler, "dynamic_sd_lookup", None)
+        if table is None:
+            raise RuntimeError(
+                "pin_k needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) whose "
+                "speculative_config has num_speculative_tokens_per_batch_size")
+        if not 0 <= k <= scheduler.num_spec_tokens:
+            raise ValueError(f"pin_k({k}): k must be 0..num_speculative_tokens = {scheduler.num_spec_tokens}")
+        table[:] = [k] * len(table)
+
     def reset_prefix_cache(self) -> None:
         self._llm().reset_prefix_cache()
 

@@ -1,0 +1,66 @@
+"""`python -m eval schedule` on real engines: one engine per system times every k in turn
+(OfflineEngine.pin_k), interleaved with plain decoding in rounds, and writes the scheduled
+systems file and its measurements. Mechanics only: the tiny testbed's timings mean nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.engine import ENGINE_FLAGS
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "testbed/tiny"
+FLAGS = {k: v for k, v in ENGINE_FLAGS.items() if k != "disable_log_stats"}
+
+
+def _render(messages):
+    return [5, 6, 7, 8] * 3  # any prompt ids: the tiny target has no chat template to honour
+
+
+def test_pin_k_sets_how_many_tokens_each_request_drafts():
+    from vllm_liliprop.vllm.offline import OfflineEngine, Sampling
+
+    spec = {"method": "dflash", "model": str(TINY / "drafts/dflash"), "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 4, 3]]}
+    sampling = Sampling(0.0, 12, None, True)
+    with OfflineEngine(str(TINY / "target"), FLAGS, spec, None, max_num_seqs=4) as engine:
+        drafted = {}
+        for k in (0, 2, 3):
+            engine.pin_k(k)
+            counters = engine.run_batch([["a"], ["b"]], _render, sampling).counters
+            drafted[k] = (counters.num_drafts, counters.num_draft_tokens)
+        with pytest.raises(ValueError, match="k must be 0..num_speculative_tokens = 3"):
+            engine.pin_k(4)
+    assert drafted[0] == (0, 0)
+    assert drafted[2][0] > 0 and drafted[2][1] == 2 * drafted[2][0], drafted
+    assert drafted[3][0] > 0 and drafted[3][1] == 3 * drafted[3][0], drafted
+    with OfflineEngine(str(TINY / "target"), FLAGS, None, None) as plain:
+        with pytest.raises(RuntimeError, match="num_speculative_tokens_per_batch_size"):
+            plain.pin_k(0)
+
+
+def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_path):
+    from eval.cli import main
+
+    out = tmp_path / "systems.json"
+    code = main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2",
+                 "--tokens", "4,12", "--rounds", "2", "--prompts", "2",
+                 "--engine-flags", json.dumps(FLAGS), "--out", str(out)])
+    assert code == 0
+    systems = json.loads(out.read_text())
+    assert set(systems) == {"AR", "DFlash", "DFlash-scheduled"}
+    ranges = systems["DFlash-scheduled"]["speculative_config"]["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 2
+    record = json.loads(out.with_suffix(".measurements.json").read_text())
+    assert record["rounds"] == 2
+    assert [len(t) for t in record["AR_step_costs_s_by_round"].values()] == [2, 2]
+    measured = record["systems"]["DFlash"]
+    assert sorted(measured["step_costs_s"], key=int) == [str(k) for k in range(8)]
+    assert all(len(t) == 2 for by_b in measured["step_costs_s_by_round"].values() for t in by_b.values())
+    assert set(measured["step_cost_over_plain"]["0"]) == {"1", "2"}
+    assert len(measured["acceptance_per_pos"]) == 7
