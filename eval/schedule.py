@@ -227,7 +227,8 @@ def command(args) -> int:
               "rounds": args.rounds, "heldout": args.heldout, "prompts": len(prompts),
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     for system in systems:
-        costs = medians(times[system.name])
+        measured = medians(times[system.name])
+        costs = schedule_model.linear_in_k(measured)
         ranges = schedule_model.schedule(accepted[system.name], costs, max_batch)
         summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
         log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted[system.name]]}; "
@@ -235,7 +236,7 @@ def command(args) -> int:
         out[system.name] = raw[system.name]
         out[system.name + SCHEDULED] = scheduled_entry(raw[system.name], ranges, summary)
         record["systems"][system.name] = dict(
-            acceptance_per_pos=accepted[system.name], step_costs_s=costs,
+            acceptance_per_pos=accepted[system.name], step_costs_s=costs, measured_step_costs_s=measured,
             step_costs_s_by_round=times[system.name],
             step_cost_over_plain=ratios_to_plain(times[system.name], plain), schedule=ranges,
             predicted_tokens_per_s=predictions(accepted[system.name], costs, ar_costs, ranges,

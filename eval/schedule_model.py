@@ -8,7 +8,11 @@ on this host; k = 0 is the speculative engine's plain step (vLLM still runs the 
 new context so that later drafts see it). Expected tokens/s at (b, k) = b * E(k) / cost(b, k).
 
 Costs are measured at a few batch sizes; between them, cost is interpolated linearly in b, past
-the largest the last one's k carries on (as vLLM carries a schedule's last range).
+the largest the last one's k carries on (as vLLM carries a schedule's last range). At each batch
+size the costs of k >= 1 are replaced by the least-squares line through them (`linear_in_k`): a
+drafting step verifies b * (1 + k) tokens, so its cost grows about linearly in k, and on a shared
+2-core host single medians are not even monotone (k = 7 once timed cheaper than k = 3 at batch
+16, which a schedule then picked). k = 0 (no query pass, no verification) stays as measured.
 """
 
 from __future__ import annotations
@@ -24,6 +28,23 @@ def expected_tokens(acceptance_per_pos: list[float], k: int) -> float:
         raise ValueError(f"k = {k} needs acceptance at {k} positions; measured at "
                          f"{len(acceptance_per_pos)} (measure with num_speculative_tokens >= {k})")
     return 1.0 + sum(acceptance_per_pos[:k])
+
+
+def linear_in_k(step_costs: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+    """step_costs (k -> {batch -> seconds}) with, at each batch size, the k >= 1 costs replaced by
+    their least-squares line in k; k = 0 and a lone k >= 1 unchanged."""
+    drafting = sorted(k for k in step_costs if k >= 1)
+    fitted = {k: dict(by_b) for k, by_b in step_costs.items()}
+    if len(drafting) < 2:
+        return fitted
+    mean_k = sum(drafting) / len(drafting)
+    spread = sum((k - mean_k) ** 2 for k in drafting)
+    for b in step_costs[drafting[0]]:
+        mean_c = sum(step_costs[k][b] for k in drafting) / len(drafting)
+        slope = sum((k - mean_k) * (step_costs[k][b] - mean_c) for k in drafting) / spread
+        for k in drafting:
+            fitted[k][b] = mean_c + slope * (k - mean_k)
+    return fitted
 
 
 def interpolated_cost(costs: dict[int, float], batch: int) -> float:

@@ -3,7 +3,7 @@ vLLM's own batch-size lookup."""
 
 import pytest
 
-from eval.schedule_model import best_k, expected_tokens, interpolated_cost, k_at, schedule
+from eval.schedule_model import best_k, expected_tokens, interpolated_cost, k_at, linear_in_k, schedule
 from vllm_liliprop.k_ranges import as_ranges, describe_k
 
 ACCEPTANCE = [0.6, 0.35, 0.2]
@@ -43,3 +43,14 @@ def test_ranges_mean_to_vllm_what_they_mean_here(k_by_batch):
 
 def test_description_names_plain_steps():
     assert describe_k([3, 3, 0]) == "3 at batch 1-2, 0 at batch 3 (plain decoding)"
+
+
+def test_drafting_costs_are_smoothed_to_a_line_in_k():
+    # Batch 16 as a noisy host timed it: k = 3 dearer than k = 7, and k = 0 apart from the line.
+    noisy = {0: {16: 0.034}, 1: {16: 0.059}, 3: {16: 0.069}, 5: {16: 0.062}, 7: {16: 0.064}}
+    fitted = linear_in_k(noisy)
+    assert fitted[0] == noisy[0]
+    line = [fitted[k][16] for k in (1, 3, 5, 7)]
+    assert line == sorted(line) and sum(line) == pytest.approx(sum(noisy[k][16] for k in (1, 3, 5, 7)))
+    assert line[1] - line[0] == pytest.approx(line[3] - line[2])
+    assert linear_in_k({0: {1: 0.1}, 3: {1: 0.2}}) == {0: {1: 0.1}, 3: {1: 0.2}}
