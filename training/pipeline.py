@@ -169,6 +169,30 @@ def build_sequential_head(method: str, spec: dict[str, Any], drafter_config: Dra
     return DominoHead(config, embed_weight, head_ids)
 
 
+# Each method's export: (folder, drafter, head or None, dtype, (vocab ids, LM head) or None).
+EXPORTERS: dict[str, Callable[..., None]] = {
+    "dflash": lambda out, drafter, head, dtype, vocab: export_dflash(out, drafter, dtype, vocab),
+    "lilicorr": lambda out, drafter, head, dtype, vocab: export_lilicorr(out, drafter, head, dtype),
+    "dspark": export_dspark,
+    "domino": export_domino,
+}
+
+# Where the frozen target's layer taps come from: computed each step, or read from a cache.
+FEATURE_SOURCES: dict[str, Callable[..., Any]] = {
+    "online": lambda spec, target, drafter, device, final: OnlineFeatures(
+        target, drafter.config.target_layer_ids, final_hidden=final),
+    "cached": lambda spec, target, drafter, device, final: CachedFeatures(spec["dir"], device),
+}
+
+
+def target_features(spec: dict[str, Any], target_model, drafter, device, need_final: bool):
+    """The recipe's `features` source (FEATURE_SOURCES; "online" when absent)."""
+    mode = spec.get("mode", "online")
+    if mode not in FEATURE_SOURCES:
+        raise ValueError(f"features.mode must be one of {sorted(FEATURE_SOURCES)}, got {mode!r}")
+    return FEATURE_SOURCES[mode](spec, target_model, drafter, device, need_final)
+
+
 @dataclass
 class DraftRun:
     """A draft training, built and ready to fit: the trainer, the modules it trains, the
@@ -222,13 +246,7 @@ def prepare_draft_training(recipe: dict[str, Any], *, target_model=None, dataset
     )
 
     need_final = (lattice is not None and weights.distractor > 0) or weights.distill > 0
-    feature_spec = recipe.get("features", {"mode": "online"})
-    if feature_spec.get("mode", "online") == "online":
-        features = OnlineFeatures(target_model, drafter.config.target_layer_ids, final_hidden=need_final)
-    elif feature_spec["mode"] == "cached":
-        features = CachedFeatures(feature_spec["dir"], device)
-    else:
-        raise ValueError(f"features.mode must be 'online' or 'cached', got {feature_spec['mode']!r}")
+    features = target_features(recipe.get("features", {}), target_model, drafter, device, need_final)
 
     def make_inputs(indices: list[int], epoch: int) -> dict[str, Any]:
         batch = collate([dataset[i] for i in indices], pad_id=0)
@@ -258,14 +276,8 @@ def prepare_draft_training(recipe: dict[str, Any], *, target_model=None, dataset
     def export(export_dir: Path) -> None:
         dtype = getattr(torch, recipe.get("export_dtype", "bfloat16"))
         draft_vocab = (vocab_ids, lm_head_weight) if export_vocab == "train" else None
-        if lattice is not None:
-            export_lilicorr(export_dir, drafter, lattice, dtype)
-        elif method == "dspark":
-            export_dspark(export_dir, drafter, correction, dtype, draft_vocab)
-        elif method == "domino":
-            export_domino(export_dir, drafter, correction, dtype, draft_vocab)
-        else:
-            export_dflash(export_dir, drafter, dtype, draft_vocab)
+        head = lattice if lattice is not None else correction
+        EXPORTERS[method](export_dir, drafter, head, dtype, draft_vocab)
 
     return DraftRun(trainer, drafter, objective, export, vocab_ids)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -72,21 +72,24 @@ def check_lattice_weights(resources: RuleResources) -> None:
     )
 
 
+# Each built-in rule's constructor from the options and what the proposer loaded.
+RULES: dict[str, Callable[[LiliPropOptions, RuleResources], DraftRule]] = {
+    "argmax": lambda options, resources: ArgmaxRule(),
+    "lattice": LatticeRule.from_resources,
+    "dels": DelsRule.from_resources,
+    "lattice+dels": LatticeDelsRule.from_resources,
+    "dspark": DSparkRule.from_resources,
+    "domino": DominoRule.from_resources,
+}
+
+
 def build_rule(options: LiliPropOptions, resources: RuleResources) -> DraftRule:
-    if options.rule == "argmax":
-        return ArgmaxRule()
+    """The rule the options name: a built-in one (RULES) or a user's 'package.module:factory'."""
     if ":" in options.rule:
         return _load_custom_rule(options.rule)(options, resources)
+    if options.rule not in RULES:
+        raise OptionError(f"rule = {options.rule!r} is unknown; built-in rules: {', '.join(RULES)}, "
+                          "or a 'package.module:factory'.")
     if options.uses_lattice:
         check_lattice_weights(resources)
-    if options.rule == "lattice":
-        return LatticeRule.from_resources(options, resources)
-    if options.rule == "dels":
-        return DelsRule.from_resources(options, resources)
-    if options.rule == "lattice+dels":
-        return LatticeDelsRule.from_resources(options, resources)
-    if options.rule == "dspark":
-        return DSparkRule.from_resources(options, resources)
-    if options.rule == "domino":
-        return DominoRule.from_resources(options, resources)
-    raise OptionError(f"rule = {options.rule!r} is unknown.")
+    return RULES[options.rule](options, resources)
