@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
                    help="vllm.LLM keyword arguments (dtype default: this host's, "
                         "python -m vllm_liliprop.host)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is used)")
+    p.add_argument("--from-measurements", metavar="FILE", help="plan from a measurements file an earlier "
+                   "run wrote (<out>.measurements.json) instead of timing this host again")
     p.add_argument("--out", required=True, help="systems file to write")
 
 
@@ -197,6 +199,23 @@ def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, l
     return accepted, times
 
 
+def measured_before(path: str, systems, batch_sizes) -> tuple[dict, dict]:
+    """measure_all's result as an earlier run of this command recorded it (its measurements
+    file), to plan again (another --max-batch, a changed cost model) without timing anything."""
+    record = json.loads(Path(path).read_text())
+    missing = [s.name for s in systems if s.name not in record["systems"]]
+    if missing or record["batch_sizes"] != batch_sizes:
+        raise ValueError(f"--from-measurements {path} holds systems {sorted(record['systems'])} at "
+                         f"batch sizes {record['batch_sizes']}: pass those to --only and --batch-sizes")
+
+    def by_k(times: dict) -> dict:
+        return {int(k): {int(b): t for b, t in by_b.items()} for k, by_b in times.items()}
+
+    times = {BASELINE: {0: {int(b): t for b, t in record["AR_step_costs_s_by_round"].items()}}}
+    times.update({s.name: by_k(record["systems"][s.name]["step_costs_s_by_round"]) for s in systems})
+    return {s.name: record["systems"][s.name]["acceptance_per_pos"] for s in systems}, times
+
+
 def command(args) -> int:
     bad = [v for v in args.var if "=" not in v]
     if bad:
@@ -219,12 +238,15 @@ def command(args) -> int:
     def log(line: str) -> None:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
-    accepted, times = measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log)
+    if args.from_measurements:
+        accepted, times = measured_before(args.from_measurements, systems, batch_sizes)
+    else:
+        accepted, times = measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log)
     plain = times[BASELINE][0]
     ar_costs = medians(times[BASELINE])[0]
     out = {BASELINE: raw.get(BASELINE, {})}
     record = {"dtype": flags["dtype"], "batch_sizes": batch_sizes, "tokens": tokens,
-              "rounds": args.rounds, "heldout": args.heldout, "prompts": len(prompts),
+              "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     for system in systems:
         measured = medians(times[system.name])

@@ -64,3 +64,12 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert all(len(t) == 2 for by_b in measured["step_costs_s_by_round"].values() for t in by_b.values())
     assert set(measured["step_cost_over_plain"]["0"]) == {"1", "2"}
     assert len(measured["acceptance_per_pos"]) == 7
+    # Planned again from that file, for larger batches, without an engine.
+    again = tmp_path / "again.json"
+    assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2", "--max-batch", "8",
+                 "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(again)]) == 0
+    replanned = json.loads(again.with_suffix(".measurements.json").read_text())["systems"]["DFlash"]
+    assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
+    ranges = json.loads(again.read_text())["DFlash-scheduled"]["speculative_config"]
+    assert ranges["num_speculative_tokens_per_batch_size"][-1][1] == 8

@@ -6,8 +6,8 @@ source scripts/env.sh
 export PYTHONPATH=$PWD
 dtype=$(.venv/bin/python -m vllm_liliprop.host 2>/dev/null)
 flags='{"dtype": "'$dtype'", "max_model_len": 2048, "enforce_eager": true}'
-sysfile=${SYSFILE:-testbed/smollm2/schedule/DFlash.json}
-only=${ONLY:-AR,DFlash,DFlash-scheduled}
+sysfile=${SYSFILE:-testbed/smollm2/schedule/systems.json}
+only=${ONLY:-AR,DFlash,DFlash-scheduled,DFlash+lookup,DFlash+lookup-scheduled}
 out=${OUT:-testbed/smollm2/schedule/results}
 common=(--target .cache/targets/smollm2-135m-instruct --systems "$sysfile" --var drafts=$PWD/testbed/smollm2/round3/drafts
         --data-dir .cache/benchmarks --only "$only" --temperatures 0 --max-tokens 48 --warmup-tokens 8 --paired
