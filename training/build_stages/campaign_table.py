@@ -35,19 +35,35 @@ def cpu_rows(manifest: dict) -> list[dict]:
     return rows
 
 
-def device_rows(record: dict, phase: str, seen_before: int) -> list[dict]:
+def distinct_conversations(stages: dict, before: int) -> int:
+    """The conversations the drafter has had by the end of a round: a round on conversations
+    given to it (`--conversations`, generated after the earlier rounds' and disjoint from them)
+    adds them to the earlier rounds' count; a device round's own data already holds those."""
+    tokenize = stages.get("tokenize", {})
+    if "sources" in tokenize:
+        return before + tokenize["new_conversations"]
+    return tokenize.get("train_examples") or stages["train"]["examples"]
+
+
+def device_rows(record: dict, phase: str, seen_before: int, conversations_before: int) -> list[dict]:
     stages = record["calls"][-1]["stages"]
     train = stages["train"]
+    conversations = distinct_conversations(stages, conversations_before)
     return [{"phase": phase, "device": stages["device"]["name"], "step": point["step"],
              "batch": train["global_batch"], "sequences_seen": seen_before + point["sequences_seen"],
-             "distinct_conversations": stages["tokenize"]["train_examples"] if "tokenize" in stages else train["examples"],
+             "distinct_conversations": conversations,
              "heldout_tau": point["heldout_tau"]} for point in train["curve"]]
 
 
 def campaign_table(manifest: dict, device_calls: list[dict]) -> pd.DataFrame:
-    rows = cpu_rows(manifest)
-    for i, record in enumerate(device_calls):
-        rows += device_rows(record, f"device {i + 1}", rows[-1]["sequences_seen"])
+    """Rows of the CPU build's two rounds, then of each `training.device_round` record in order
+    (phases "device N" on a GPU, "CPU N" for a round run on the CPU)."""
+    rows, counts = cpu_rows(manifest), {"device": 0, "CPU": 0}
+    for record in device_calls:
+        kind = "CPU" if record["calls"][-1]["stages"]["device"]["name"] == "cpu" else "device"
+        counts[kind] += 1
+        rows += device_rows(record, f"{kind} {counts[kind]}", rows[-1]["sequences_seen"],
+                            rows[-1]["distinct_conversations"])
     return pd.DataFrame(rows)
 
 
