@@ -22,12 +22,18 @@ OUR_METHODS = ("dflash", "dspark")  # served through this package's proposer
 
 
 def is_peer(system_config) -> bool:
-    """A speculating system not served by this package (see the module docstring)."""
+    """A speculating system not served by this package (see the module docstring). ValueError
+    naming the column for a value that is JSON but not an object (`true`, `5`): a damaged file."""
     try:
         config = json.loads(system_config) if isinstance(system_config, str) else None
     except json.JSONDecodeError:
         return False
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"column 'system_config' holds {system_config[:60]!r}, which is not a JSON object")
     spec = (config or {}).get("speculative_config") or {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"column 'system_config' holds a speculative_config that is not a JSON object: "
+                         f"{system_config[:60]!r}")
     if not spec:
         return False
     return bool(config.get("without_liliprop")) or spec.get("method") not in OUR_METHODS

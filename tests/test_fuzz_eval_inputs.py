@@ -185,6 +185,8 @@ def test_any_options_parse_or_name_the_field(raw, architecture, block):
 @example(column="engine_flags", value="5", drop=False, tail="", suffix=".csv")  # AttributeError
 @example(column="output_hashes", value="{", drop=False, tail="", suffix=".csv")  # JSONDecodeError
 @example(column="machine", value="{}", drop=False, tail="", suffix=".csv")  # KeyError 'isa'
+@example(column="system_config", value="true", drop=False, tail="", suffix=".parquet")  # AttributeError
+@example(column="system_config", value='{"speculative_config": 5}', drop=False, tail="", suffix=".csv")
 def test_any_results_file_reads_or_names_the_file(column, value, drop, tail, suffix):
     with TemporaryDirectory() as root:
         path = Path(root) / f"r{suffix}"
