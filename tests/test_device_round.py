@@ -92,7 +92,8 @@ def test_campaign_table_and_figure(tmp_path):
                                   "train": {"global_batch": 32, "examples": 400, "curve": [
                                       {"step": 0, "sequences_seen": 0, "heldout_tau": 1.6},
                                       {"step": 10, "sequences_seen": 320, "heldout_tau": 1.8}]}}}]}
-    # A CPU round on 100 new conversations (device_round --conversations) after the GPU's 400.
+    # A CPU round on 100 new conversations (device_round --conversations) after the GPU's 400,
+    # of which it reached 20.
     cpu = {"calls": [{"stages": {"device": {"name": "cpu"},
                                  "tokenize": {"train_examples": 100, "new_conversations": 100, "sources": ["x"]},
                                  "train": {"global_batch": 4, "examples": 100, "curve": [
@@ -100,7 +101,7 @@ def test_campaign_table_and_figure(tmp_path):
                                      {"step": 5, "sequences_seen": 20, "heldout_tau": 1.85}]}}}]}
     table = campaign_table(manifest, [call, cpu])
     assert table["sequences_seen"].tolist() == [40, 60, 60, 380, 380, 400]
-    assert table["distinct_conversations"].tolist() == [40, 40, 400, 400, 500, 500]
+    assert table["distinct_conversations"].tolist() == [40, 40, 400, 400, 420, 420]
     assert table["phase"].tolist()[2:] == ["device 1", "device 1", "CPU 1", "CPU 1"]
     table.to_csv(tmp_path / "c.csv", index=False)
     paths = write_campaign_figure(tmp_path / "c.csv", tmp_path / "fig")

@@ -38,10 +38,12 @@ def cpu_rows(manifest: dict) -> list[dict]:
 def distinct_conversations(stages: dict, before: int) -> int:
     """The conversations the drafter has had by the end of a round: a round on conversations
     given to it (`--conversations`, generated after the earlier rounds' and disjoint from them)
-    adds them to the earlier rounds' count; a device round's own data already holds those."""
+    adds those it reached (one sequence each, at most all of them) to the earlier rounds' count;
+    a device round's own data already holds those."""
     tokenize = stages.get("tokenize", {})
     if "sources" in tokenize:
-        return before + tokenize["new_conversations"]
+        reached = stages["train"]["curve"][-1]["sequences_seen"]
+        return before + min(tokenize["new_conversations"], reached)
     return tokenize.get("train_examples") or stages["train"]["examples"]
 
 
