@@ -230,7 +230,9 @@ def command(args) -> int:
     if len(tokens) != 2 or tokens[0] >= tokens[1]:
         raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
     max_batch = args.max_batch or max(batch_sizes)
-    flags = engine_flags(args.engine_flags)
+    # A plan from an earlier run keeps the dtype that run was timed in.
+    flags = ({"dtype": json.loads(Path(args.from_measurements).read_text())["dtype"]}
+             if args.from_measurements else engine_flags(args.engine_flags))
     prompts = heldout_prompts(args.heldout, args.prompts)
     raw = json.loads(Path(args.systems).read_text())
     start = time.perf_counter()

@@ -69,7 +69,9 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
                  "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2", "--max-batch", "8",
                  "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(again)]) == 0
-    replanned = json.loads(again.with_suffix(".measurements.json").read_text())["systems"]["DFlash"]
+    again_record = json.loads(again.with_suffix(".measurements.json").read_text())
+    assert again_record["dtype"] == record["dtype"]
+    replanned = again_record["systems"]["DFlash"]
     assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
     ranges = json.loads(again.read_text())["DFlash-scheduled"]["speculative_config"]
     assert ranges["num_speculative_tokens_per_batch_size"][-1][1] == 8
