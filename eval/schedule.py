@@ -199,10 +199,10 @@ def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, l
     return accepted, times
 
 
-def measured_before(path: str, systems, batch_sizes) -> tuple[dict, dict]:
-    """measure_all's result as an earlier run of this command recorded it (its measurements
-    file), to plan again (another --max-batch, a changed cost model) without timing anything."""
-    record = json.loads(Path(path).read_text())
+def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict, dict]:
+    """measure_all's result as an earlier run of this command recorded it (`record`, read from
+    its measurements file `path`), to plan again (another --max-batch, a changed cost model)
+    without timing anything."""
     missing = [s.name for s in systems if s.name not in record["systems"]]
     if missing or record["batch_sizes"] != batch_sizes:
         raise ValueError(f"--from-measurements {path} holds systems {sorted(record['systems'])} at "
@@ -230,9 +230,9 @@ def command(args) -> int:
     if len(tokens) != 2 or tokens[0] >= tokens[1]:
         raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
     max_batch = args.max_batch or max(batch_sizes)
+    earlier = json.loads(Path(args.from_measurements).read_text()) if args.from_measurements else None
     # A plan from an earlier run keeps the dtype that run was timed in.
-    flags = ({"dtype": json.loads(Path(args.from_measurements).read_text())["dtype"]}
-             if args.from_measurements else engine_flags(args.engine_flags))
+    flags = {"dtype": earlier["dtype"]} if earlier else engine_flags(args.engine_flags)
     prompts = heldout_prompts(args.heldout, args.prompts)
     raw = json.loads(Path(args.systems).read_text())
     start = time.perf_counter()
@@ -240,8 +240,8 @@ def command(args) -> int:
     def log(line: str) -> None:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
-    if args.from_measurements:
-        accepted, times = measured_before(args.from_measurements, systems, batch_sizes)
+    if earlier:
+        accepted, times = measured_before(earlier, args.from_measurements, systems, batch_sizes)
     else:
         accepted, times = measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log)
     plain = times[BASELINE][0]

@@ -19,6 +19,10 @@ needs happens here in one resumable command, on transformers and the package's o
         --eval-dir .cache/benchmarks --init-draft testbed/smollm2/round3/drafts/dflash \\
         --out .cache/device_round --budget-s 540 --pack $OUT
 
+On a CPU between device rounds, `--conversations FILE --total-steps N` trains from conversations
+already generated (no prompts or replies stages) for a fixed number of steps (recipe
+smollm2/dflash_cpu).
+
 Every stage resumes: prompts and replies are appended JSONL (ids already written are skipped),
 training resumes from its last checkpoint, and `OUT/round.json` records what each call did.
 """
@@ -141,6 +145,11 @@ def _load_target(target: str, dtype: torch.dtype, device: torch.device):
     return AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval().requires_grad_(False)
 
 
+def heldout_set(rows: list[dict], tokenizer) -> TokenizedDataset:
+    """The snapshot's held-out conversations, tokenized: every round's held-out tau is on them."""
+    return TokenizedDataset.from_conversations(tokenizer, rows, MAX_LENGTH, progress=False)
+
+
 def make_data(args, out: Path, record: Round, target_bf16, tokenizer) -> tuple[TokenizedDataset, TokenizedDataset]:
     if args.conversations:
         return given_data(args, record, tokenizer)
@@ -166,7 +175,7 @@ def make_data(args, out: Path, record: Round, target_bf16, tokenizer) -> tuple[T
                 generator=f"transformers generate, greedy, {REPLY_TOKENS} tokens, bf16")
     start = time.time()
     train = tokenize_parallel(args.target, known + replies)
-    held = TokenizedDataset.from_conversations(tokenizer, heldout, MAX_LENGTH, progress=False)
+    held = heldout_set(heldout, tokenizer)
     record.note("tokenize", train_examples=len(train), snapshot_conversations=len(known),
                 new_conversations=len(replies), heldout_examples=len(held),
                 train_tokens=sum(map(len, train.input_ids)), seconds=round(time.time() - start, 1))
@@ -180,8 +189,7 @@ def given_data(args, record: Round, tokenizer) -> tuple[TokenizedDataset, Tokeni
     start = time.time()
     rows = [row for path in args.conversations for row in read_jsonl_conversations(path)]
     train = tokenize_parallel(args.target, rows, workers=2)
-    held = TokenizedDataset.from_conversations(tokenizer, _snapshot_rows(args.snapshot, "heldout_regenerated"),
-                                               MAX_LENGTH, progress=False)
+    held = heldout_set(_snapshot_rows(args.snapshot, "heldout_regenerated"), tokenizer)
     record.note("tokenize", train_examples=len(train), new_conversations=len(rows), heldout_examples=len(held),
                 sources=[str(p) for p in args.conversations], train_tokens=sum(map(len, train.input_ids)),
                 seconds=round(time.time() - start, 1))
