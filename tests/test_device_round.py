@@ -14,7 +14,7 @@ import torch
 from _training_helpers import patterned_dataset, single_thread, tiny_recipe, tiny_target  # noqa: F401
 from plots.campaign import write_campaign_figure
 from training.build_stages.campaign_table import campaign_table
-from training.device_round import clean_prompts, pack
+from training.device_round import clean_prompts, pack, unseen_rows
 from training.hf_generation import _cut_at_stop, _generate_ids
 from training.pipeline import prepare_draft_training
 
@@ -63,6 +63,39 @@ def test_pack_round_trips_through_parts(tmp_path):
     parts = [str(tmp_path / "out" / n) for n in names]
     subprocess.run(f"cat {' '.join(parts)} | tar xz -C {extract}", shell=True, check=True)
     assert (extract / "dflash" / "weights.bin").read_bytes() == payload.read_bytes()
+
+
+def test_a_next_cpu_round_leaves_out_exactly_what_the_last_trainer_drew(tmp_path):
+    from torch import nn
+
+    from training.trainer import OptimConfig, Trainer, TrainConfig
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return {"loss": self.head(x).pow(2).mean()}
+
+    drawn: list[int] = []
+
+    def make_inputs(indices, epoch):
+        drawn.extend(indices)
+        return {"x": torch.ones(len(indices), 4)}
+
+    model = Toy()
+    config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=5, batch_size=3, seed=7, save_every=100,
+                         log_every=100, precision="fp32",
+                         optim=OptimConfig(lr={"head": 1e-2}, weight_decay={"head": 0.0}))
+    Trainer(model, {"head": model.head}, make_inputs, 40, config, progress=False).fit()
+    rows = [{"id": f"c{i}"} for i in range(40)]
+    record = {"calls": [{"stages": {"tokenize": {"train_examples": 40}, "train": {
+        "steps": 5, "global_batch": 3, "recipe": {"train": {"seed": 7}}}}}]}
+    kept = unseen_rows(rows, record)
+    assert len(drawn) == 15 and {r["id"] for r in kept} == {f"c{i}" for i in range(40) if i not in drawn}
+    with pytest.raises(ValueError, match="same --conversations"):
+        unseen_rows(rows[:39], record)
 
 
 def test_retarget_refits_the_schedule_and_deadline_stops_with_a_checkpoint(tmp_path):

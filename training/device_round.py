@@ -50,6 +50,7 @@ from training.hf_generation import hf_chat_generator, hf_completer
 from training.magpie import end_markers, generate_prompts, user_header
 from training.pipeline import prepare_draft_training
 from training.recipe import apply_overrides, load_recipe
+from training.trainer import epoch_order
 from training.regenerate import regenerate_conversations
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
@@ -188,12 +189,29 @@ def given_data(args, record: Round, tokenizer) -> tuple[TokenizedDataset, Tokeni
     sequences than there are new conversations, so the snapshot's are left out."""
     start = time.time()
     rows = [row for path in args.conversations for row in read_jsonl_conversations(path)]
+    if args.after_round:
+        rows = unseen_rows(rows, json.loads(args.after_round.read_text()))
     train = tokenize_parallel(args.target, rows, workers=2)
     held = heldout_set(_snapshot_rows(args.snapshot, "heldout_regenerated"), tokenizer)
     record.note("tokenize", train_examples=len(train), new_conversations=len(rows), heldout_examples=len(held),
-                sources=[str(p) for p in args.conversations], train_tokens=sum(map(len, train.input_ids)),
+                sources=[str(p) for p in args.conversations], after_round=str(args.after_round or ""), train_tokens=sum(map(len, train.input_ids)),
                 seconds=round(time.time() - start, 1))
     return train, held
+
+
+def unseen_rows(rows: list[dict], previous: dict) -> list[dict]:
+    """`rows` less those an earlier CPU round over the same rows drew: its trainer's first-epoch
+    order (training.trainer's) up to the sequences it saw, so a next round trains on new
+    conversations only and the campaign's distinct count stays exact."""
+    call = previous["calls"][-1]["stages"]
+    if call["tokenize"]["train_examples"] != len(rows):
+        raise ValueError(f"--after-round: that round trained on {call['tokenize']['train_examples']} "
+                         f"conversations, these are {len(rows)}; pass the same --conversations files")
+    seen = call["train"]["steps"] * call["train"]["global_batch"]
+    if seen >= len(rows):
+        raise ValueError(f"--after-round: that round saw all {len(rows)} conversations; none are new")
+    drawn = set(epoch_order(len(rows), call["train"]["recipe"]["train"]["seed"], 0)[:seen])
+    return [row for i, row in enumerate(rows) if i not in drawn]
 
 
 def train(args, out: Path, record: Round, target_bf16, train_data, heldout) -> Path:
@@ -269,6 +287,8 @@ def parse(argv: Sequence[str] | None):
     p.add_argument("--anchors", type=int, default=64, help="held-out anchors per example (measure stage)")
     p.add_argument("--conversations", type=Path, action="append", default=[],
                    help="train on these generated, decontaminated conversations (skips prompts and replies)")
+    p.add_argument("--after-round", type=Path, default=None, metavar="ROUND_JSON",
+                   help="leave out the conversations the CPU round of this record (OUT/round.json) drew")
     p.add_argument("--total-steps", type=int, default=0,
                    help="the run's length in steps instead of one fitted to the budget (a shared CPU's step time varies)")
     p.add_argument("--pack", type=Path, default=None, help="write the bundle parts here")

@@ -160,7 +160,7 @@ def auto_precision(device: torch.device) -> str:
     return "bf16" if device.type == "cpu" and cpu_bf16_matmul_speedup() >= BF16_MIN_SPEEDUP else "fp32"
 
 
-def _epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
+def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(num_examples, generator=generator).tolist()
 
@@ -247,7 +247,7 @@ class Trainer:
     def _step_examples(self, step: int) -> tuple[int, list[list[int]]]:
         """(epoch, this rank's micro-batches of example indices) for a global step."""
         epoch, batch_in_epoch = divmod(step, self.steps_per_epoch)
-        order = _epoch_order(self.num_examples, self.config.seed, epoch)
+        order = epoch_order(self.num_examples, self.config.seed, epoch)
         start = batch_in_epoch * self.global_batch
         per_rank = self.config.batch_size * self.config.grad_accum
         mine = order[start + self.env.rank * per_rank: start + (self.env.rank + 1) * per_rank]
