@@ -5,7 +5,8 @@ vLLM's `_greedy_sample` takes `compute_logits(h).argmax(-1)`. With a reduced dra
 full-vocabulary tensor of -inf; the argmax then scans all V entries, in bf16, where PyTorch's
 CPU argmax is about twice as slow as in fp32 (measured: 0.95 vs 0.45 ms for [7, 49152]). Here
 the argmax runs over the N draft logits in fp32 (every bf16 value is exact in fp32, so the
-maximum is the same) and maps the winner to its target id.
+maximum is the same; `cpu_argmax.row_argmax`, vLLM's own CPU argmax op) and maps the winner to
+its target id.
 
 Ties: argmax returns the first maximum. When d2t maps draft ids to strictly increasing target
 ids (the convention, and what training/export.py writes), the first maximum in draft order is
@@ -17,6 +18,8 @@ vLLM (both are arbitrary, and verification rejects either).
 from __future__ import annotations
 
 import torch
+
+from vllm_liliprop.vllm.cpu_argmax import row_argmax
 
 
 def draft_vocab_ids(model) -> torch.Tensor | None:
@@ -58,5 +61,5 @@ class DraftVocabArgmax:
         return cls(draft_vocab_logits(model), target_ids)
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        ids = self.logits(hidden_states).float().argmax(dim=-1)
+        ids = row_argmax(self.logits(hidden_states))
         return ids if self.target_ids is None else self.target_ids[ids]
