@@ -5,6 +5,7 @@
         --draft testbed/smollm2/round3/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
     VLLM_PLUGINS= python -m tools.step_cost ...   # the same with vLLM's own DFlashProposer
     python -m tools.step_cost ... --ks "" --plain-steps --concurrency 16   # the k = 0 step
+    python -m tools.step_cost ... --ks 3 --vllm-verify --concurrency 16    # patch 12 on / off
 
 One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run
 --rounds times in that order, so the arms share the machine's state; each arm generates
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import gc
 import time
@@ -54,6 +56,23 @@ def _wrap(owner, name: str, seconds: collections.Counter, key: str) -> None:
 # Arms of --plain-steps: a speculative engine (k = 1) whose schedule drafts nothing at any batch
 # size, with this package's context-only step and with vLLM's full query pass at k = 0.
 PLAIN_STEP_ARMS = {"k=0 context only": True, "k=0 query pass": False}
+
+
+@contextlib.contextmanager
+def vllm_verify(on: bool):
+    """vLLM's own rejection sampler for greedy verification (patch 12 undone) while `on`."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    from vllm_liliprop.vllm.patching import apply_patches
+
+    apply_patches()  # idempotent; an engine's start would apply them after this swap
+    patched = RejectionSampler.__dict__["forward"]
+    if on:
+        RejectionSampler.forward = getattr(patched, "__liliprop_original__", patched)
+    try:
+        yield
+    finally:
+        RejectionSampler.forward = patched
 
 
 def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
@@ -115,19 +134,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ks", default="1,3", help="speculative token counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=300, help="tokens generated per prompt")
+    parser.add_argument("--vllm-verify", action="store_true",
+                        help="also each k with vLLM's own greedy verification (patch 12 undone)")
     parser.add_argument("--plain-steps", action="store_true",
                         help="also a speculative engine at k = 0 throughout, with and without "
                              "the drafter's query pass (vllm_liliprop/vllm/proposer.py)")
     args = parser.parse_args(argv)
-    arms = {"AR": (0, None)}
-    arms.update({f"k={k}": (int(k), None) for k in args.ks.split(",") if k})
+    arms = {"AR": (0, None, False)}
+    for k in filter(None, args.ks.split(",")):
+        arms[f"k={k}"] = (int(k), None, False)
+        if args.vllm_verify:
+            arms[f"k={k} vLLM verify"] = (int(k), None, True)
     if args.plain_steps:
-        arms.update({name: (1, skip) for name, skip in PLAIN_STEP_ARMS.items()})
+        arms.update({name: (1, skip, False) for name, skip in PLAIN_STEP_ARMS.items()})
     rows: dict[str, list[dict]] = collections.defaultdict(list)
     for _ in range(args.rounds):
-        for name, (k, plain_steps) in arms.items():
-            rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
-                                          args.tokens, plain_steps))
+        for name, (k, plain_steps, stock_verify) in arms.items():
+            with vllm_verify(stock_verify):
+                rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
+                                              args.tokens, plain_steps))
     table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
     pd.set_option("display.width", 200)
     print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}")
