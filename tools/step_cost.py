@@ -5,7 +5,8 @@
         --draft testbed/smollm2/round3/drafts/dflash --concurrency 1 --ks 1,3 --rounds 2
     VLLM_PLUGINS= python -m tools.step_cost ...   # the same with vLLM's own DFlashProposer
     python -m tools.step_cost ... --ks "" --plain-steps --concurrency 16   # the k = 0 step
-    python -m tools.step_cost ... --ks 3 --vllm-verify --concurrency 16    # patch 12 on / off
+    python -m tools.step_cost ... --ks 3 --vllm-verify --concurrency 16    # patches 12-13 on / off
+    python -m tools.step_cost ... --ks 3 --vllm-verify --temperature 1     # T = 1 (--seeded: a seed each)
 
 One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run
 --rounds times in that order, so the arms share the machine's state; each arm generates
@@ -60,23 +61,28 @@ PLAIN_STEP_ARMS = {"k=0 context only": True, "k=0 query pass": False}
 
 @contextlib.contextmanager
 def vllm_verify(on: bool):
-    """vLLM's own rejection sampler for greedy verification (patch 12 undone) while `on`."""
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    """vLLM's own verification (patches 12 and 13 undone: greedy argmax, recovered tokens)
+    while `on`."""
+    from vllm.v1.sample import rejection_sampler
 
     from vllm_liliprop.vllm.patching import apply_patches
 
     apply_patches()  # idempotent; an engine's start would apply them after this swap
-    patched = RejectionSampler.__dict__["forward"]
+    owners = ((rejection_sampler.RejectionSampler, "forward"), (rejection_sampler, "sample_recovered_tokens"))
+    patched = [vars(owner)[name] for owner, name in owners]
     if on:
-        RejectionSampler.forward = getattr(patched, "__liliprop_original__", patched)
+        for (owner, name), current in zip(owners, patched):
+            setattr(owner, name, getattr(current, "__liliprop_original__", current))
     try:
         yield
     finally:
-        RejectionSampler.forward = patched
+        for (owner, name), current in zip(owners, patched):
+            setattr(owner, name, current)
 
 
 def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
-                plain_steps: bool | None = None) -> dict[str, float]:
+                plain_steps: bool | None = None, temperature: float = 0.0,
+                seeded: bool = False) -> dict[str, float]:
     """ms per engine step of each timed method for one engine (k = 0: plain decoding;
     plain_steps True / False: a speculative engine at k = 0 throughout, whose proposer skips /
     runs the drafter's query pass)."""
@@ -107,7 +113,8 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     seconds.clear()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"probe-{i}", prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+        engine.add_request(f"probe-{i}", prompt, SamplingParams(temperature=temperature, max_tokens=tokens,
+                                                                ignore_eos=True, seed=i if seeded else None))
     steps = produced = 0
     start = time.perf_counter()
     while engine.has_unfinished_requests():
@@ -134,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ks", default="1,3", help="speculative token counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=300, help="tokens generated per prompt")
+    parser.add_argument("--temperature", type=float, default=0.0, help="of the timed requests")
+    parser.add_argument("--seeded", action="store_true", help="a seed per request (vLLM then draws its noise per row)")
     parser.add_argument("--vllm-verify", action="store_true",
                         help="also each k with vLLM's own greedy verification (patch 12 undone)")
     parser.add_argument("--plain-steps", action="store_true",
@@ -152,10 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, (k, plain_steps, stock_verify) in arms.items():
             with vllm_verify(stock_verify):
                 rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
-                                              args.tokens, plain_steps))
+                                              args.tokens, plain_steps, args.temperature, args.seeded))
     table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
     pd.set_option("display.width", 200)
-    print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}")
+    print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}, T = {args.temperature}")
     print(table.round(2).to_string())
     return 0
 
