@@ -43,6 +43,29 @@ def tiny_target(seed: int = 0, layers: int = 3):
 MOTIFS = [[4 * i + j for j in range(2 + i % 3)] for i in range(4)]  # disjoint token sets
 
 
+def toy_trainer(output_dir, num_examples: int, make_inputs=None, **config):
+    """A real Trainer over a one-layer model whose loss needs only `x` [n, 4]; make_inputs
+    defaults to ones for every example."""
+    from torch import nn
+
+    from training.trainer import OptimConfig, TrainConfig, Trainer
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return {"loss": self.head(x).pow(2).mean()}
+
+    model = Toy()
+    settings = dict(output_dir=str(output_dir), precision="fp32",
+                    optim=OptimConfig(lr={"head": 1e-2}, weight_decay={"head": 0.0}))
+    make_inputs = make_inputs or (lambda indices, epoch: {"x": torch.ones(len(indices), 4)})
+    return Trainer(model, {"head": model.head}, make_inputs, num_examples,
+                   TrainConfig(**{**settings, **config}), progress=False)
+
+
 def patterned_dataset(num: int = 8, prompt: int = 6, length: int = 40, seed: int = 0) -> TokenizedDataset:
     """Random prompt tokens (unsupervised), then one of four short motifs repeated (supervised,
     starting at a random phase): a drafter learns to continue them within a few dozen steps."""

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from _training_helpers import patterned_dataset, single_thread, tiny_recipe, tiny_target  # noqa: F401
+from _training_helpers import patterned_dataset, single_thread, tiny_recipe, tiny_target, toy_trainer  # noqa: F401
 from plots.campaign import write_campaign_figure
 from training.build_stages.campaign_table import campaign_table
 from training.device_round import clean_prompts, pack, unseen_rows
@@ -66,29 +66,14 @@ def test_pack_round_trips_through_parts(tmp_path):
 
 
 def test_a_next_cpu_round_leaves_out_exactly_what_the_last_trainer_drew(tmp_path):
-    from torch import nn
-
-    from training.trainer import OptimConfig, Trainer, TrainConfig
-
-    class Toy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head = nn.Linear(4, 1)
-
-        def forward(self, x):
-            return {"loss": self.head(x).pow(2).mean()}
-
     drawn: list[int] = []
 
     def make_inputs(indices, epoch):
         drawn.extend(indices)
         return {"x": torch.ones(len(indices), 4)}
 
-    model = Toy()
-    config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=5, batch_size=3, seed=7, save_every=100,
-                         log_every=100, precision="fp32",
-                         optim=OptimConfig(lr={"head": 1e-2}, weight_decay={"head": 0.0}))
-    Trainer(model, {"head": model.head}, make_inputs, 40, config, progress=False).fit()
+    toy_trainer(tmp_path / "run", 40, make_inputs, max_steps=5, batch_size=3, seed=7, save_every=100,
+                log_every=100).fit()
     rows = [{"id": f"c{i}"} for i in range(40)]
     record = {"calls": [{"stages": {"tokenize": {"train_examples": 40}, "train": {
         "steps": 5, "global_batch": 3, "recipe": {"train": {"seed": 7}}}}}]}

@@ -291,28 +291,12 @@ def test_training_cost_table_from_the_manifest(report, records):
 
 def test_trainer_run_record_reaches_the_training_cost_table(tmp_path):
     """A real Trainer.fit writes run.json with its peak RSS; training-cost picks it up."""
-    import torch
-    from torch import nn
-
+    from _training_helpers import toy_trainer
     from plots.records import training_cost_table
     from plots.tables import render_markdown
-    from training.trainer import OptimConfig, TrainConfig, Trainer
 
-    class Toy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head = nn.Linear(4, 1)
-
-        def forward(self, x):
-            return {"loss": self.head(x).pow(2).mean()}
-
-    model = Toy()
     run_dir = tmp_path / "runs" / "toy"
-    config = TrainConfig(output_dir=str(run_dir), max_steps=3, batch_size=2, save_every=10, log_every=1,
-                         precision="fp32", optim=OptimConfig(lr={"head": 1e-2}, weight_decay={"head": 0.0}))
-    trainer = Trainer(model, {"head": model.head}, lambda idx, epoch: {"x": torch.ones(len(idx), 4)}, 8,
-                      config, progress=False)
-    trainer.fit()
+    toy_trainer(run_dir, 8, max_steps=3, batch_size=2, save_every=10, log_every=1).fit()
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"] == 3 and record["peak_rss_mib"] > 10 and record["peak_cuda_mib"] is None
     manifest = tmp_path / "manifest.json"
