@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="of the timed requests")
     parser.add_argument("--seeded", action="store_true", help="a seed per request (vLLM then draws its noise per row)")
     parser.add_argument("--vllm-verify", action="store_true",
-                        help="also each k with vLLM's own greedy verification (patch 12 undone)")
+                        help="also each k with vLLM's own verification (patches 12 and 13 undone)")
     parser.add_argument("--plain-steps", action="store_true",
                         help="also a speculative engine at k = 0 throughout, with and without "
                              "the drafter's query pass (vllm_liliprop/vllm/proposer.py)")

@@ -50,8 +50,8 @@ from training.hf_generation import hf_chat_generator, hf_completer
 from training.magpie import end_markers, generate_prompts, user_header
 from training.pipeline import prepare_draft_training
 from training.recipe import apply_overrides, load_recipe
-from training.trainer import epoch_order
 from training.regenerate import regenerate_conversations
+from training.trainer import epoch_order
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = ["clean_prompts", "tokenize_parallel", "pack", "main"]
@@ -194,8 +194,8 @@ def given_data(args, record: Round, tokenizer) -> tuple[TokenizedDataset, Tokeni
     train = tokenize_parallel(args.target, rows, workers=2)
     held = heldout_set(_snapshot_rows(args.snapshot, "heldout_regenerated"), tokenizer)
     record.note("tokenize", train_examples=len(train), new_conversations=len(rows), heldout_examples=len(held),
-                sources=[str(p) for p in args.conversations], after_round=str(args.after_round or ""), train_tokens=sum(map(len, train.input_ids)),
-                seconds=round(time.time() - start, 1))
+                sources=[str(p) for p in args.conversations], after_round=str(args.after_round or ""),
+                train_tokens=sum(map(len, train.input_ids)), seconds=round(time.time() - start, 1))
     return train, held
 
 

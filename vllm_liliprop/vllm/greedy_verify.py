@@ -3,9 +3,9 @@
 For an all-greedy batch, vLLM 0.32's rejection sampler gathers the bonus rows and the draft rows
 of the target's logits into two new tensors, casts the draft rows to a new fp32 tensor, clones
 it, and takes torch's argmax over it; the bonus rows go through the plain sampler (another fp32
-copy, then vLLM's `greedy_argmax`). Each fresh full-vocabulary tensor pays its page faults: on
-2 CPU cores at batch 16 and k = 3 that was ~15 ms of a ~70 ms step (profile, issue 34), where a
-plain step's sampling costs ~0.6 ms. Here every row is reduced once by `cpu_argmax.row_argmax`
+copy, then vLLM's `greedy_argmax`). Each fresh full-vocabulary tensor pays its page faults: at
+batch 16 and k = 3 that was ~11 ms a step on one CPU core (profile, issue 34) and 4.8 ms on two,
+where a plain step's sampling costs ~0.5 ms. Here every row is reduced once by `cpu_argmax.row_argmax`
 (vLLM's `greedy_argmax`, the op plain decoding itself samples with, over a reused fp32 buffer),
 and vLLM's own greedy acceptance kernel writes the output.
 

@@ -55,12 +55,14 @@ Thirteen patches, each logged once and safe to apply twice:
 12. CPU only: an all-greedy verification step whose answer is plain argmaxes (no logprobs,
    penalties or active argmax-moving processors) is verified by greedy_verify.py: one fp32 copy
    into a reused buffer and vLLM's `greedy_argmax`, instead of the rejection sampler's four fresh
-   full-vocabulary tensors (~15 ms of a ~70 ms step at batch 16, k = 3, on 2 cores). Same tokens:
+   full-vocabulary tensors (at batch 16, k = 3, on 2 cores: 1.4 ms of sampling a step instead of
+   4.8, tools/step_cost.py --vllm-verify). Same tokens:
    each is the argmax plain decoding would take of the same logits;
 13. CPU only: at T > 0 the rejection sampler's recovered tokens take their Exp(1) noise from
    float64 uniforms (-log(1 - U)) instead of `exponential_`, and a seeded request's row is drawn
-   once, from its own generator (vLLM draws every row twice in a seeded batch): ~9 ms instead of
-   ~37 ms at batch 16 on 2 cores (recovered_tokens.py). Same distribution and kernel.
+   once, from its own generator (vLLM draws every row twice in a seeded batch): ~6 ms of noise a
+   step instead of ~37 at batch 16, seeded, on 2 cores (recovered_tokens.py). Same distribution
+   and kernel.
 """
 
 from __future__ import annotations

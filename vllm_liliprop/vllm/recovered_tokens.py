@@ -5,7 +5,8 @@ distribution by the exponential race: each request gets one noise row E ~ Exp(1)
 vocabulary and the token is argmax p(v) / E(v). Its draw, `q.exponential_()`, costs ~23 ns a
 value on a CPU (18 ms for 16 x 49,152), and it draws every row from the global generator first and
 then draws each seeded request's row again from its own generator, so a seeded batch pays twice.
-At batch 16, k = 3, T = 1 on 2 cores that was ~37 of a ~120 ms step (profile, issue 34).
+At batch 16, k = 3, T = 1, seeded, on 2 cores that was ~37 ms of a step whose rejection sampler
+took 54 (profile, issue 34); the draw here took ~6.
 
 Here the same Exp(1) rows come from inverse transform sampling, E = -log(1 - U) with U uniform in
 [0, 1) drawn in float64 (53 bits, so E = 0, a token that would win every race, has probability
@@ -17,6 +18,7 @@ after it (vLLM's); a seed still fixes a request's samples, though not to stock v
 from __future__ import annotations
 
 import torch
+from vllm.v1.sample.rejection_sampler import _sample_recovered_tokens
 
 __all__ = ["exponential_rows", "sample_recovered_tokens"]
 
@@ -41,8 +43,6 @@ def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
                             draft_probs, target_probs, sampling_metadata, device,
                             use_fp64_gumbel: bool = False) -> torch.Tensor:
     """vLLM 0.32's `rejection_sampler.sample_recovered_tokens`, same arguments and result."""
-    from vllm.v1.sample.rejection_sampler import _sample_recovered_tokens
-
     noise = exponential_rows(len(num_draft_tokens), target_probs.shape[-1], sampling_metadata.generators,
                              [n > 0 for n in num_draft_tokens])
     inv_q = noise.reciprocal_().to(torch.float64 if use_fp64_gumbel else torch.float32)
