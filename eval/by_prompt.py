@@ -5,8 +5,8 @@ Why: an interval over prompts needs prompts measured independently. Measured as 
 row's prompts share one AR reference batch run seconds earlier, so a slow moment of the machine
 shifts every prompt of the row alike and resampling prompts would not see it. Here AR runs on
 each prompt right beside the system's run of the same prompt, in alternating order (AR first on
-even prompts, the system first on odd ones), so that a machine speeding up or slowing down over
-a row favours neither arm. At c = 1 the engine runs one request at a time anyway, so a row's
+even prompts, the system first on odd ones; with several systems side by side the order rotates,
+`arm_order`), so that a machine speeding up or slowing down over a row favours neither arm. At c = 1 the engine runs one request at a time anyway, so a row's
 work is that of its batch; each prompt starts on an emptied prefix cache, both arms alike.
 
 With `repeats` R > 1 each prompt is timed R times per arm, the order alternating run after run
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from eval.paired import CheckedReference, checked_reference
 from plots.paired import is_outlier
 
-# Which arm runs first on the i-th prompt: ORDER[i % 2].
-ORDER = (("reference", "system"), ("system", "reference"))
+# The AR arm's name among the arms of a prompt (arm_order) and its key in measure_side_by_side's answer.
+REFERENCE = "reference"
 
 
 @dataclass(frozen=True)
@@ -47,29 +47,58 @@ class ByPrompt:
     references: list[CheckedReference]  # one per prompt (for the runner's log)
 
 
+def arm_order(arms: Sequence[str], turn: int) -> list[str]:
+    """The arms' running order on a prompt's turn-th round (prompt index + repeat): rotated one
+    place each round, so with two arms AR and the system take turns going first, and with more
+    each arm runs at every place of the order equally often."""
+    shift = turn % len(arms)
+    return list(arms[shift:]) + list(arms[:shift])
+
+
 def measure_by_prompt(conversations: Sequence[Sequence[str]], example_ids: Sequence[str],
                       run_system: Callable[[int], object],
                       run_reference: Callable[[int], object] | None = None,
                       job_rates: Sequence[float] = (), repeats: int = 1) -> ByPrompt:
     """run_system(i) / run_reference(i): the system's / AR's BatchResult on conversation i alone.
     Each reference run is checked against job_rates (eval.paired) like a whole row's was."""
-    results, references, rows = [], [], []
+    return measure_side_by_side(conversations, example_ids, {"system": run_system}, run_reference,
+                                job_rates, repeats)["system"]
+
+
+def measure_side_by_side(conversations: Sequence[Sequence[str]], example_ids: Sequence[str],
+                         run_systems: dict[str, Callable[[int], object]],
+                         run_reference: Callable[[int], object] | None = None,
+                         job_rates: Sequence[float] = (), repeats: int = 1) -> dict[str, ByPrompt]:
+    """measure_by_prompt for several systems at once (eval.side_by_side): each prompt runs on AR
+    and on every system in turn, and AR's run is the reference of every system's. Returns each
+    system's ByPrompt by name and, with run_reference, AR's own under REFERENCE (its runs as a
+    row: AR's row of a side-by-side job)."""
+    arms = ([REFERENCE] if run_reference is not None else []) + list(run_systems)
+    results = {name: [] for name in run_systems}
+    rows = {name: [] for name in run_systems}
+    references = []
     for i, example_id in enumerate(example_ids[: len(conversations)]):
-        arms = {"system": lambda: run_system(i)}
-        if run_reference is not None:
-            arms["reference"] = lambda: checked_reference(lambda: run_reference(i), list(job_rates))
         runs = {arm: [] for arm in arms}
         for r in range(repeats):
-            for arm in ORDER[(i + r) % 2]:
-                if arm in arms:
-                    runs[arm].append(arms[arm]())
-        system = min(runs["system"], key=lambda result: result.wall_s)
-        reference = _fastest_reference(runs["reference"]) if "reference" in runs else None
-        results.append(system)
+            for arm in arm_order(arms, i + r):
+                if arm == REFERENCE:
+                    runs[arm].append(checked_reference(lambda: run_reference(i), list(job_rates)))
+                else:
+                    runs[arm].append(run_systems[arm](i))
+        reference = _fastest_reference(runs[REFERENCE]) if run_reference is not None else None
         references.append(reference)
-        rows.append(_prompt_row(i, example_id, system, reference))
+        for name in run_systems:
+            system = min(runs[name], key=lambda result: result.wall_s)
+            results[name].append(system)
+            rows[name].append(_prompt_row(i, example_id, system, reference))
     checked = [r for r in references if r is not None]
-    return ByPrompt(_totals(results), _together(checked, job_rates) if checked else None, rows, checked)
+    together = _together(checked, job_rates) if checked else None
+    by_system = {name: ByPrompt(_totals(results[name]), together, rows[name], checked)
+                 for name in run_systems}
+    if checked:
+        own = [_prompt_row(i, example_ids[i], r.result, None) for i, r in enumerate(references)]
+        by_system[REFERENCE] = ByPrompt(_totals([r.result for r in checked]), None, own, checked)
+    return by_system
 
 
 def _fastest_reference(checked: list[CheckedReference]) -> CheckedReference:

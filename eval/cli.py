@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="run AR again on each system row's prompts just before it, with an AR "
                                "engine kept open, and take the speedup over that run (ratios measured "
                                "side by side on a machine whose speed drifts)")
+    protocol.add_argument("--side-by-side", action="store_true",
+                          help="with --paired, at c = 1: every system's engine open at once and each "
+                               "prompt run by AR and then by every system (the order rotating), AR's "
+                               "one run the reference of all; AR runs once a prompt instead of once "
+                               "per system (eval/side_by_side.py; memory: one KV cache per system)")
     protocol.add_argument("--repeats", type=int, default=1,
                           help="at c = 1, time each prompt this many times, the arms interleaved in "
                                "alternating order, and keep each arm's fastest run (a busy machine "
@@ -225,6 +230,9 @@ def run_command(args) -> int:
     missing = [b for b in stage_benchmarks if b not in names]
     if args.stages and missing:
         raise ValueError(f"--stage-benchmarks {missing} are not among --benchmarks")
+    if args.side_by_side and not args.paired:
+        raise ValueError("--side-by-side takes its speedups from AR's runs beside each system's: "
+                         "add --paired")
     if any(t < 0 for t in args.temperatures) or not args.temperatures:
         raise ValueError("--temperatures must be one or more numbers >= 0")
     if not args.seeds or not args.concurrency or min(args.concurrency) < 1:
@@ -235,6 +243,7 @@ def run_command(args) -> int:
         ignore_eos=args.ignore_eos, warmup_requests=args.warmup_requests,
         warmup_tokens=min(args.warmup_tokens, args.max_tokens), prompt_format=args.prompt_format,
         source=args.source, limit=args.limit, paired=args.paired, repeats=args.repeats,
+        side_by_side=args.side_by_side,
     )
     # Files from `fetch-data` carry their provenance (partial sets) into every results row.
     provenance = ({n: data_provenance(n, args.data_dir) for n in names} if args.source == "local"

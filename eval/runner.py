@@ -38,6 +38,7 @@ from eval.paired import CheckedReference, checked_reference
 from eval.prompt_results import PromptResultsFile
 from eval.prompts import RAW, PromptRenderer
 from eval.results import ResultsFile, git_revision, new_run_id, now
+from eval.side_by_side import run_side_by_side
 from eval.systems import BASELINE, System, checkpoint_hash
 
 # Environment variables that change engine speed, recorded with the engine flags.
@@ -67,6 +68,9 @@ class Protocol:
     paired: bool = False
     # At c = 1: timed runs of each prompt (arms interleaved), each arm's fastest kept (eval.by_prompt).
     repeats: int = 1
+    # With paired, at c = 1: every system's engine open at once, one AR run per prompt the
+    # reference of every system's run of it (eval.side_by_side).
+    side_by_side: bool = False
 
     def seeds_for(self, temperature: float) -> tuple[int, ...]:
         return self.seeds if temperature > 0 else self.seeds[:1]
@@ -76,7 +80,7 @@ class Protocol:
         fields = asdict(self)
         for key in ("temperatures", "seeds", "concurrency"):
             fields.pop(key)
-        for name, default in (("paired", False), ("repeats", 1)):
+        for name, default in (("paired", False), ("repeats", 1), ("side_by_side", False)):
             if fields[name] == default:
                 fields.pop(name)  # the record of runs from before the option existed
         fields.update(chat_template_kwargs=chat_kwargs, top_p=1.0, top_k=0)
@@ -215,14 +219,15 @@ class Campaign:
         written = 0
         paired = _PairedBaseline(self, offline) if self.protocol.paired else None
         try:
+            if self.protocol.side_by_side:
+                written += run_side_by_side(self, [m for m in todo if m.concurrency == 1], offline, paired, bar)
+                todo = [m for m in todo if m.concurrency != 1]
             for (c, system), items in _by_engine(todo):
                 if paired is not None and not system.is_baseline and any(m.kind == "run" for m in items):
-                    # vLLM's in-process metrics follow the engine built last: build AR's first, so
-                    # the system's counters are the system's.
+                    # AR's engine opens once per concurrency, kept beside each system's (each
+                    # engine counts its own drafts: vllm_liliprop/vllm/engine_counters.py).
                     paired.open(c)
-                with offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
-                                           system.options(), max_num_seqs=c,
-                                           without_liliprop=system.without_liliprop) as engine:
+                with self.engine(offline, system, c) as engine:
                     render = self.renderer(self._prompt_limit(engine))
                     self.log(f"{system.name} c={c}: {engine.serving()}")
                     for m in items:
@@ -231,16 +236,27 @@ class Campaign:
                                             f"T={m.temperature:g} s={m.seed}")
                         rows, prompt_rows = self._measure(engine, render, m, offline, paired)
                         self._log_truncated(m, rows[-1]["num_truncated"], render.max_prompt_tokens)
-                        self.prompt_results.append(rows[-1], prompt_rows)
-                        for row in rows:
-                            self.results.append(row)
-                        written += len(rows)
+                        written += self.write(rows, prompt_rows)
                         bar.update(1)
         finally:
             bar.close()
             if paired is not None:
                 paired.close()
         return written
+
+    def engine(self, offline, system: System, c: int):
+        """The engine that serves `system` at concurrency c (a context manager)."""
+        return offline.OfflineEngine(self.target, self.engine_flags, system.speculative_config,
+                                     system.options(), max_num_seqs=c,
+                                     without_liliprop=system.without_liliprop)
+
+    def write(self, rows: list[dict], prompt_rows: list[dict]) -> int:
+        """One measurement's rows into the results file (its per-prompt rows beside them);
+        the number written."""
+        self.prompt_results.append(rows[-1], prompt_rows)
+        for row in rows:
+            self.results.append(row)
+        return len(rows)
 
     def _log_truncated(self, m: Measurement, count: int, limit: int | None) -> None:
         if count:
@@ -318,23 +334,7 @@ class Campaign:
         base = {**m.template, "num_prompts": len(m.examples), "timestamp": now()}
         if m.kind == "run":
             result, truncated, paired_ar, prompt_rows = self._run_row(engine, render, m, offline, paired)
-            row = {**base, "num_truncated": truncated,
-                   **run_metrics(result.counters, result.output_tokens, result.wall_s),
-                   "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes),
-                   "paired_ar_output_tokens": math.nan, "paired_ar_wall_s": math.nan,
-                   "paired_ar_retries": math.nan, "paired_ar_outlier": math.nan}
-            if m.system.name == BASELINE:
-                baseline = row["tokens_per_s"]
-            elif paired_ar is not None:
-                row.update(paired_ar_output_tokens=paired_ar.result.output_tokens,
-                           paired_ar_wall_s=paired_ar.result.wall_s, paired_ar_retries=paired_ar.retries,
-                           paired_ar_outlier=int(paired_ar.outlier))
-                # An outlier reference's ratio says more about the stall than the system: unused.
-                baseline = None if paired_ar.outlier else paired_ar.tokens_per_s
-            else:
-                baseline = self.results.baseline_tokens_per_s(row, BASELINE)
-            row["speedup"] = speedup(row["tokens_per_s"], baseline)
-            return [row], prompt_rows
+            return [self._run_row_dict(m, result, truncated, paired_ar)], prompt_rows
         result, times, truncated = self._warm_and_run(engine, render, m, offline, stages=True)
         metrics = {"num_truncated": truncated,
                    **run_metrics(result.counters, result.output_tokens, result.wall_s)}
@@ -343,6 +343,28 @@ class Campaign:
         names = [s for s in stages if s != STEP_WALL] + [STEP_WALL]
         return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
                  "speedup": math.nan, "output_hashes": "[]"} for s in names], []
+
+    def _run_row_dict(self, m: Measurement, result, truncated: int,
+                      paired_ar: CheckedReference | None) -> dict:
+        """A run row of the results file: m's columns, the run's metrics, its speedup over its
+        paired AR reference (else over AR's row in the results file)."""
+        row = {**m.template, "num_prompts": len(m.examples), "timestamp": now(), "num_truncated": truncated,
+               **run_metrics(result.counters, result.output_tokens, result.wall_s),
+               "stage_ms": math.nan, "output_hashes": json.dumps(result.output_hashes),
+               "paired_ar_output_tokens": math.nan, "paired_ar_wall_s": math.nan,
+               "paired_ar_retries": math.nan, "paired_ar_outlier": math.nan}
+        if m.system.name == BASELINE:
+            baseline = row["tokens_per_s"]
+        elif paired_ar is not None:
+            row.update(paired_ar_output_tokens=paired_ar.result.output_tokens,
+                       paired_ar_wall_s=paired_ar.result.wall_s, paired_ar_retries=paired_ar.retries,
+                       paired_ar_outlier=int(paired_ar.outlier))
+            # An outlier reference's ratio says more about the stall than the system: unused.
+            baseline = None if paired_ar.outlier else paired_ar.tokens_per_s
+        else:
+            baseline = self.results.baseline_tokens_per_s(row, BASELINE)
+        row["speedup"] = speedup(row["tokens_per_s"], baseline)
+        return row
 
 
 class _PairedBaseline:

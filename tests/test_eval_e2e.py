@@ -97,8 +97,7 @@ def test_paired_runs_measure_ar_beside_each_system_row(tiny_models, tmp_path, ca
     assert main(command + ["--paired", "--no-summary", "--benchmarks", "gsm8k"]) == 0
     runs = pd.read_csv(tmp_path / "results.csv")
     ar, dflash = runs[runs["system"] == "AR"].iloc[0], runs[runs["system"] == "DFlash"].iloc[0]
-    # AR's own engine, then a second AR engine and DFlash's beside it (built last: vLLM's
-    # in-process metrics follow the newest engine, and DFlash's counters must be DFlash's).
+    # AR's own engine, then a second AR engine kept open and DFlash's beside it.
     assert opened == ["AR", "AR", "spec"]
     assert dflash["num_drafts"] > 0 and dflash["num_draft_tokens"] == 7 * dflash["num_drafts"]
     assert math.isnan(ar["paired_ar_wall_s"]) and ar["speedup"] == 1.0
@@ -126,3 +125,59 @@ def test_paired_runs_measure_ar_beside_each_system_row(tiny_models, tmp_path, ca
 
     loaded = load_results(tmp_path / "results.csv")
     assert all(isinstance(p, dict) and len(p["tokens"]) == 2 for p in loaded["prompts"])
+
+
+def test_side_by_side_runs_ar_once_a_prompt_and_counts_each_system_alone(tiny_models, tmp_path,
+                                                                          monkeypatch):
+    """--side-by-side: AR, DFlash at k = 7 and at k = 2 engines open at once, one AR run per
+    prompt the reference of both; each system's counters and outputs are those of the same
+    systems measured one at a time (greedy: the same tokens, the same drafts)."""
+    from vllm_liliprop.vllm import offline
+
+    opened = []
+    enter = offline.OfflineEngine.__enter__
+
+    def record(self):
+        opened.append((self.speculative_config or {}).get("num_speculative_tokens", 0))
+        return enter(self)
+
+    monkeypatch.setattr(offline.OfflineEngine, "__enter__", record)
+    command = _command(tiny_models, tmp_path)
+    systems = tmp_path / "three_systems.json"
+    dflash = {"method": "dflash", "model": "${draft}", "num_speculative_tokens": 7}
+    systems.write_text(json.dumps({"AR": {}, "DFlash": {"speculative_config": dflash},
+                                   "DFlash-k2": {"speculative_config": {**dflash, "num_speculative_tokens": 2}}}))
+    command[command.index("--systems") + 1] = str(systems)
+    command[command.index("--stages") + 1] = "DFlash-k2"
+    command[command.index("--temperatures") + 1] = "0"
+    together, alone = tmp_path / "together.csv", tmp_path / "alone.csv"
+    command[command.index("--results") + 1] = str(together)
+    assert main(command + ["--paired", "--side-by-side", "--no-summary"]) == 0
+    assert opened == [0, 7, 2]  # one engine each, all open together, stages on the same engines
+    command[command.index("--results") + 1] = str(alone)
+    assert main(command + ["--paired", "--no-summary"]) == 0
+    keys = ["system", "benchmark", "kind", "stage"]
+    side, apart = (pd.read_csv(f).sort_values(keys).reset_index(drop=True) for f in (together, alone))
+    runs = side[side["kind"] == "run"]
+    assert len(runs) == 6 and set(side.loc[side["kind"] == "stage", "system"]) == {"DFlash-k2"}
+    for column in ("output_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "output_hashes"):
+        assert list(runs[column]) == list(apart.loc[apart["kind"] == "run", column]), column
+    k7, k2 = runs[runs["system"] == "DFlash"], runs[runs["system"] == "DFlash-k2"]
+    assert (k7["num_draft_tokens"] == 7 * k7["num_drafts"]).all()
+    assert (k2["num_draft_tokens"] == 2 * k2["num_drafts"]).all() and (k2["num_drafts"] > 0).all()
+    # One AR run per prompt: both systems' references are AR's row, run for run.
+    ar = runs[runs["system"] == "AR"].set_index("benchmark")
+    for rows in (k7, k2):
+        for _, row in rows.iterrows():
+            assert row["paired_ar_wall_s"] == pytest.approx(ar.loc[row["benchmark"], "wall_s"])
+            assert row["speedup"] == pytest.approx(row["tokens_per_s"] / ar.loc[row["benchmark"], "tokens_per_s"])
+    assert json.loads(k7.iloc[0]["protocol"])["side_by_side"] is True
+    prompts = pd.read_csv(tmp_path / "together.prompts.csv")
+    assert len(prompts) == 3 * 2 * 2 and prompts.loc[prompts["system"] == "AR", "paired_ar_wall_s"].isna().all()
+
+
+def test_side_by_side_needs_paired(tiny_models, tmp_path, capsys):
+    assert main(_command(tiny_models, tmp_path) + ["--side-by-side"]) == 2
+    assert "--side-by-side takes its speedups from AR's runs beside each system's: add --paired" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "results.csv").exists()

@@ -92,3 +92,33 @@ def test_multi_turn_batch_follows_own_answers_with_yarn_of_its_own_on_target_and
     assert result.counters.num_drafts > 0
     assert total.num_drafts == warm.counters.num_drafts + result.counters.num_drafts
     assert result.num_steps > 0 and result.wall_s > 0
+
+
+@pytest.mark.slow
+def test_each_open_engine_counts_its_own_drafts(tiny_models):
+    """Two speculative engines open at once (eval's side-by-side runs): each engine's counters
+    are its own steps', where vLLM's process-wide metrics follow only the engine built last."""
+    from transformers import AutoTokenizer
+
+    from eval.prompts import PromptRenderer
+    from vllm_liliprop.vllm.metrics import SpecDecodeCounters
+    from vllm_liliprop.vllm.offline import OfflineEngine, Sampling
+
+    render = PromptRenderer(AutoTokenizer.from_pretrained(tiny_models["target"]))
+    flags = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
+    sampling = Sampling(0.0, 12, None, True)
+    batch = [["def foo(x):"], ["import os"]]
+    wide = {"method": "dflash", "model": tiny_models["draft"], "num_speculative_tokens": 7}
+    narrow = {**wide, "num_speculative_tokens": 2}
+    with OfflineEngine(tiny_models["target"], flags, wide, None, max_num_seqs=2) as first:
+        alone = first.run_batch(batch, render, sampling).counters
+        with OfflineEngine(tiny_models["target"], flags, narrow, None, max_num_seqs=2) as second:
+            before = first.counters()
+            other = second.run_batch(batch, render, sampling).counters
+            assert first.counters() == before  # the second engine's steps are not the first's
+            again = first.run_batch(batch, render, sampling).counters
+            # The engine built last is the one vLLM's own metrics follow: both counts agree there.
+            assert second.counters() == SpecDecodeCounters.read(second.llm)
+    assert alone.num_drafts > 0 and alone == again
+    assert len(alone.accepted_per_pos) == 7 and len(other.accepted_per_pos) == 2
+    assert other.num_draft_tokens == 2 * other.num_drafts

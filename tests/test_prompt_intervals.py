@@ -213,3 +213,24 @@ def test_one_stalled_prompt_of_ten_leaves_the_row_its_speedup():
                                  reference, [48.0, 47.0])
     assert [r["paired_ar_outlier"] for r in measured.prompt_rows].count(1) == 1
     assert not measured.reference.outlier  # 480 tokens in 18.6 s: 26 tok/s, within [24, 96]
+
+
+def test_side_by_side_shares_one_reference_and_rotates_the_order():
+    from eval.by_prompt import REFERENCE, arm_order, measure_side_by_side
+
+    calls = []
+
+    def arm(name, wall):
+        def run(i):
+            calls.append((i, name))
+            return Batch(10, wall, SpecDecodeCounters(2, 6, 3, (2, 1)))
+        return run
+
+    measured = measure_side_by_side([["a"], ["b"], ["c"]], ["x", "y", "z"],
+                                    {"A": arm("A", 1.0), "B": arm("B", 2.0)}, arm(REFERENCE, 4.0))
+    assert [name for i, name in calls] == ["reference", "A", "B", "A", "B", "reference", "B", "reference", "A"]
+    assert arm_order(["r", "s"], 0) == ["r", "s"] and arm_order(["r", "s"], 1) == ["s", "r"]
+    assert measured["A"].result.wall_s == 3.0 and measured["B"].result.wall_s == 6.0
+    assert measured[REFERENCE].result.wall_s == 12.0 and measured["A"].reference.result.wall_s == 12.0
+    assert [r["paired_ar_wall_s"] for r in measured["B"].prompt_rows] == [4.0, 4.0, 4.0]
+    assert all(math.isnan(r["paired_ar_wall_s"]) for r in measured[REFERENCE].prompt_rows)

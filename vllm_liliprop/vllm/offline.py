@@ -38,6 +38,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm_liliprop.k_ranges import describe_k
 from vllm_liliprop.options import ENV_VAR
 from vllm_liliprop.quiet import load_progress
+from vllm_liliprop.vllm.engine_counters import attach_tally
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
 from vllm_liliprop.vllm.stock_dflash import plugins_without_liliprop
 
@@ -195,6 +196,7 @@ class OfflineEngine:
                 disable_log_stats=False,
                 **kwargs,
             )
+        self._tally = attach_tally(self.llm)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -219,7 +221,9 @@ class OfflineEngine:
         return f"dtype {dtype}, k {describe_k(k_by_batch_size(config.speculative_config, self.max_num_seqs))}"
 
     def counters(self) -> SpecDecodeCounters:
-        return SpecDecodeCounters.read(self._llm())
+        """This engine's counters since it started (engine_counters.py: several engines may be open)."""
+        self._llm()
+        return self._tally.counters()
 
     def pin_k(self, k: int) -> None:
         """Draft exactly k tokens at every batch size from the next step on, in a running engine:
