@@ -15,12 +15,13 @@ out=${LILIPROP_OUT:-results/smollm2}
 export LILIPROP_LOG=${LILIPROP_LOG:-$out/main_job.log}
 mkdir -p "$(dirname "$LILIPROP_LOG")" && : > "$LILIPROP_LOG"
 target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
-# By default plain decoding, DFlash, the hybrid (DFlash + prompt lookup), LiLiCorr and the n-gram peer on ten prompts of each benchmark,
-# each prompt timed once per arm right beside AR on the same prompt (an AR reference that is an
-# outlier against the job's other AR runs is measured again): 70 paired ratios a system, intervals
-# resampled over prompts within each benchmark (eval/README.md). LILIPROP_REPEATS=2 keeps the fastest
-# of two interleaved runs per arm, at twice the speed pass's time.
-# Each system adds about as much time as DFlash. LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
+# By default plain decoding, DFlash, the hybrid (DFlash + prompt lookup), LiLiCorr and the n-gram peer on fourteen prompts of each benchmark,
+# side by side: every system's engine open at once, each prompt run by AR and then by every system
+# (the order rotating), AR's one run the reference of all (eval/side_by_side.py; an AR reference that
+# is an outlier against the job's other AR runs is measured again): 98 paired ratios a system,
+# intervals resampled over prompts within each benchmark (eval/README.md). LILIPROP_REPEATS=2 keeps
+# the fastest of two interleaved runs per arm, at twice the speed pass's time.
+# Each system adds its own generation time (about 0.8x AR's for DFlash). LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
 # all (this package's eleven) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DFlash+lookup,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,LiLiCorr+lookup,Domino,DSpark
 headline=AR,DFlash,DFlash+lookup,LiLiCorr-greedy,DSpark,DeLS-Markov
@@ -37,7 +38,7 @@ case "$systems" in
     headline) systems=$headline ;;
     peers) systems=$headline,$peers ;;
 esac
-prompts=${LILIPROP_PROMPTS:-10}
+prompts=${LILIPROP_PROMPTS:-14}
 repeats=${LILIPROP_REPEATS:-1}
 run() {
     .venv/bin/python -m eval run \
@@ -49,19 +50,22 @@ run() {
 # else fp32; LILIPROP_DTYPE overrides): a host without fast bf16 would otherwise make every system
 # pay bf16's emulation in each verification pass (issue 34).
 dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
-# --paired: AR runs again on each prompt beside the system (an AR engine kept open), so every
-# speedup is a ratio measured side by side even when the machine's speed drifts; --repeats: the
-# fastest of that many interleaved runs per arm (eval/by_prompt.py).
+# --paired --side-by-side: AR runs on each prompt beside the systems (every engine kept open), so
+# every speedup is a ratio measured side by side even when the machine's speed drifts; --repeats:
+# the fastest of that many interleaved runs per arm (eval/by_prompt.py).
 echo "[main job] 1/2: speed, $dtype, LILIPROP_PROMPTS=$prompts, LILIPROP_REPEATS=$repeats (arguments win; tables below)"
-run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired \
+# Side by side every engine is open at once: 1 GiB of KV cache each holds a c = 1 request of
+# 2,048 tokens many times over (scripts/env.sh's default of 2 GiB is per engine).
+VLLM_CPU_KVCACHE_SPACE=${LILIPROP_KV_GIB:-1} \
+run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired --side-by-side \
     --limit "$prompts" --repeats "$repeats" --max-tokens 48 --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token
 # decode step, so outputs can part at near-ties for any drafter (eval/README.md).
-echo "[main job] 2/2: greedy output against plain decoding, fp32, the first 3 prompts, first 32 tokens"
+echo "[main job] 2/2: greedy output against plain decoding, fp32, the first 2 prompts, first 32 tokens"
 # Nothing of this pass is timed, so it needs no warm-up batch (a third of its generation).
-run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager": true}' --max-tokens 32 --warmup-tokens 0 \
+run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager": true}' --limit 2 --max-tokens 32 --warmup-tokens 0 \
     --results "$out/lossless.csv" --no-summary "$@"
 .venv/bin/python -m eval summarize "$out/results.csv" --lossless "$out/lossless.csv"
 .venv/bin/python -m plots all --results "$out/results.csv" --lossless "$out/lossless.csv" --out "$out/plots"
