@@ -23,6 +23,7 @@ from vllm_liliprop.draft_length import check_draft_length
 from vllm_liliprop.heads.dels import check_fusion_weight
 from vllm_liliprop.heads.lattice import read_dflash_fields
 from vllm_liliprop.prompt_lookup import check_lookup_lengths
+from vllm_liliprop.sampled_drafts import check_sampled_k
 
 ENV_VAR = "VLLM_LILIPROP_OPTIONS"
 CONFIG_BLOCK = "liliprop"
@@ -58,6 +59,9 @@ class LiliPropOptions:
     # How many of the rule's slots a request's draft keeps (None: all k); a lookup continuation
     # keeps all k. With prompt_lookup, k can then be long for the lookup only (draft_length.py).
     rule_draft_length: int | None = None
+    # ((start, end, k), ...): requests sampled at T > 0 draft at most k tokens at batch sizes
+    # start..end (0: none); greedy requests keep the engine's k (sampled_drafts.py).
+    sampled_k: tuple[tuple[int, int, int], ...] | None = None
     # Where each value came from, for the startup log line.
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -133,6 +137,11 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
     if out.get("rule_draft_length") is not None:
         try:
             check_draft_length(out["rule_draft_length"], f"{where}.rule_draft_length")
+        except ValueError as exc:
+            raise OptionError(f"{exc}.") from None
+    if out.get("sampled_k") is not None:
+        try:
+            out["sampled_k"] = check_sampled_k(out["sampled_k"], f"{where}.sampled_k")
         except ValueError as exc:
             raise OptionError(f"{exc}.") from None
     return out

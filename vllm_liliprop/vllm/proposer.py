@@ -43,7 +43,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
-from vllm_liliprop.draft_length import cut_drafts
+from vllm_liliprop.draft_length import NO_DRAFT, cut_drafts
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -51,6 +51,7 @@ from vllm_liliprop.prompt_lookup import lookup_drafts
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_rows
+from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
@@ -105,17 +106,35 @@ def check_rule_draft_length(length: int | None, speculative_config, scheduler_co
     cuts nothing."""
     if length is None:
         return
-    if getattr(scheduler_config, "async_scheduling", False):
-        raise ValueError(
-            f"liliprop.rule_draft_length = {length} shortens drafts through the scheduler's host "
-            "copy, which async scheduling skips; start the engine with async_scheduling=False "
-            "(vLLM's CPU platform always does), or leave rule_draft_length out.")
+    _refuse_async_scheduling(f"liliprop.rule_draft_length = {length}", scheduler_config)
     k = int(speculative_config.num_speculative_tokens)
     if length >= k:
         raise ValueError(
             f"liliprop.rule_draft_length = {length} keeps every one of the "
             f"num_speculative_tokens = {k} slots: use a length below k (k long for the prompt "
             "lookup, e.g. k = 7 with rule_draft_length = 3), or leave it out.")
+
+
+def check_sampled_k_for_engine(ranges, speculative_config, scheduler_config) -> None:
+    """`sampled_k` cuts drafts as rule_draft_length does: refuse it at engine start where the
+    host lists are not used or where no range cuts anything."""
+    if ranges is None:
+        return
+    option = f"liliprop.sampled_k = {[list(r) for r in ranges]}"
+    _refuse_async_scheduling(option, scheduler_config)
+    k = int(speculative_config.num_speculative_tokens)
+    if all(r[2] >= k for r in ranges):
+        raise ValueError(f"{option} lets sampled requests draft every one of the "
+                         f"num_speculative_tokens = {k} slots at every batch size it names: give "
+                         "some batch sizes a k below it (0: no draft), or leave sampled_k out.")
+
+
+def _refuse_async_scheduling(option: str, scheduler_config) -> None:
+    if getattr(scheduler_config, "async_scheduling", False):
+        raise ValueError(
+            f"{option} shortens drafts through the scheduler's host copy, which async scheduling "
+            "skips; start the engine with async_scheduling=False (vLLM's CPU platform always "
+            "does), or leave the option out.")
 
 
 def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
@@ -169,9 +188,12 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
+        self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
+        self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
             check_rule_draft_length(self._rule_draft_length, spec, vllm_config.scheduler_config)
+            check_sampled_k_for_engine(self._sampled_k, spec, vllm_config.scheduler_config)
             logger.info(
                 "vllm-liliprop serves this draft: %s (sources: %s)",
                 self.liliprop_options.to_dict(),
@@ -304,26 +326,36 @@ class LiliPropProposer(DFlashProposer):
                 target_hidden_states, next_token_ids, token_indices_to_sample,
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None):
-        looked_up = self._lookup_for_every_row(common_attn_metadata.batch_size(),
-                                               num_speculative_tokens)
-        needs_queries = num_speculative_tokens > 0 and looked_up is None
+        batch = common_attn_metadata.batch_size()
+        sampled_k = None if sampling_metadata.all_greedy else sampled_k_at(self._sampled_k, batch)
+        # Every request sampled and none allowed a draft at this batch size (sampled_drafts.py).
+        none_drafts = sampled_k == 0 and sampling_metadata.all_random
+        looked_up = self._lookup_for_every_row(batch, num_speculative_tokens)
+        if none_drafts:
+            looked_up = self._lookup = None  # no row drafts, its lookup's included
+        needs_queries = num_speculative_tokens > 0 and looked_up is None and not none_drafts
         if needs_queries or not self.skip_plain_step_queries:
-            return super().propose(
+            drafts = super().propose(
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
                 slot_mappings=slot_mappings)
+            return cut_sampled_rows(drafts, sampling_metadata.temperature, sampled_k)
         plain = self._store_context_only(target_token_ids, target_positions, target_hidden_states,
                                          next_token_ids, common_attn_metadata,
                                          num_rejected_tokens_gpu)
         if num_speculative_tokens == 0:
             return plain
-        # Every request drafts its lookup continuation: the drafter's block would be discarded.
         self.num_speculative_tokens = num_speculative_tokens
+        if none_drafts:  # the target verifies nothing: a plain decoding step (patch 11)
+            self.num_sampled_plain_steps += 1
+            return torch.full((batch, num_speculative_tokens), NO_DRAFT, dtype=torch.int64,
+                              device=self.device)
+        # Every request drafts its lookup continuation: the drafter's block would be discarded.
         self._lookup = None
         self.num_lookup_rows += looked_up.shape[0]
         self.num_lookup_only_steps += 1
-        return looked_up.to(self.device)
+        return cut_sampled_rows(looked_up.to(self.device), sampling_metadata.temperature, sampled_k)
 
     def _lookup_for_every_row(self, batch: int, k: int) -> torch.Tensor | None:
         """This step's lookup drafts [batch, k] when the lookup found one for every request
