@@ -7,6 +7,7 @@
     python -m tools.step_cost ... --ks "" --plain-steps --concurrency 16   # the k = 0 step
     python -m tools.step_cost ... --ks 3 --vllm-verify --concurrency 16    # patches 12-13 on / off
     python -m tools.step_cost ... --ks 3 --vllm-verify --temperature 1     # T = 1 (--seeded: a seed each)
+    python -m tools.step_cost ... --ks 3 --sampled-k0 --temperature 1      # option sampled_k = 0
 
 One in-process engine per arm (AR, then k = each of --ks), built in turn in one process and run
 --rounds times in that order, so the arms share the machine's state; each arm generates
@@ -82,10 +83,10 @@ def vllm_verify(on: bool):
 
 def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
                 plain_steps: bool | None = None, temperature: float = 0.0,
-                seeded: bool = False) -> dict[str, float]:
+                seeded: bool = False, options: dict | None = None) -> dict[str, float]:
     """ms per engine step of each timed method for one engine (k = 0: plain decoding;
     plain_steps True / False: a speculative engine at k = 0 throughout, whose proposer skips /
-    runs the drafter's query pass)."""
+    runs the drafter's query pass; options: this package's draft-rule options)."""
     from vllm import LLM, SamplingParams
 
     from vllm_liliprop.vllm.proposer import LiliPropProposer
@@ -95,8 +96,9 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
         spec = {"method": "dflash", "model": draft, "num_speculative_tokens": 1,
                 "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
         LiliPropProposer.skip_plain_step_queries = plain_steps
-    llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
-              speculative_config=spec, max_num_seqs=concurrency)
+    with _options_env(options):
+        llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
+                  speculative_config=spec, max_num_seqs=concurrency)
     engine = llm.llm_engine
     runner = engine.model_executor.driver_worker.worker.model_runner
     seconds: collections.Counter = collections.Counter()
@@ -131,6 +133,30 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     return row
 
 
+@contextlib.contextmanager
+def _options_env(options: dict | None):
+    """VLLM_LILIPROP_OPTIONS while an engine starts (None: as it was)."""
+    import json
+    import os
+
+    from vllm_liliprop.options import ENV_VAR
+
+    old = os.environ.get(ENV_VAR)
+    if options is not None:
+        os.environ[ENV_VAR] = json.dumps(options)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = old
+
+
+# --sampled-k0's options: no draft for a sampled request at any batch size (sampled_drafts.py).
+SAMPLED_K0 = {"rule": "argmax", "sampled_k": [[1, 1024, 0]]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import pandas as pd
 
@@ -148,20 +174,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plain-steps", action="store_true",
                         help="also a speculative engine at k = 0 throughout, with and without "
                              "the drafter's query pass (vllm_liliprop/vllm/proposer.py)")
+    parser.add_argument("--sampled-k0", action="store_true",
+                        help="also each k with option sampled_k = 0 (sampled requests draft nothing)")
     args = parser.parse_args(argv)
-    arms = {"AR": (0, None, False)}
+    arms = {"AR": (0, None, False, None)}
     for k in filter(None, args.ks.split(",")):
-        arms[f"k={k}"] = (int(k), None, False)
+        arms[f"k={k}"] = (int(k), None, False, None)
         if args.vllm_verify:
-            arms[f"k={k} vLLM verify"] = (int(k), None, True)
+            arms[f"k={k} vLLM verify"] = (int(k), None, True, None)
+        if args.sampled_k0:
+            arms[f"k={k} sampled_k 0"] = (int(k), None, False, SAMPLED_K0)
     if args.plain_steps:
-        arms.update({name: (1, skip, False) for name, skip in PLAIN_STEP_ARMS.items()})
+        arms.update({name: (1, skip, False, None) for name, skip in PLAIN_STEP_ARMS.items()})
     rows: dict[str, list[dict]] = collections.defaultdict(list)
     for _ in range(args.rounds):
-        for name, (k, plain_steps, stock_verify) in arms.items():
+        for name, (k, plain_steps, stock_verify, options) in arms.items():
             with vllm_verify(stock_verify):
                 rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
-                                              args.tokens, plain_steps, args.temperature, args.seeded))
+                                              args.tokens, plain_steps, args.temperature,
+                                              args.seeded, options))
     table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
     pd.set_option("display.width", 200)
     print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}, T = {args.temperature}")
