@@ -81,6 +81,21 @@ def test_a_next_cpu_round_leaves_out_exactly_what_the_last_trainer_drew(tmp_path
     assert len(drawn) == 15 and {r["id"] for r in kept} == {f"c{i}" for i in range(40) if i not in drawn}
     with pytest.raises(ValueError, match="same --conversations"):
         unseen_rows(rows[:39], record)
+    # A third round after the second (--after-round twice, in order): the second trainer drew
+    # from what the first left, and neither round's conversations come back.
+    second: list[int] = []
+
+    def make_second(indices, epoch):
+        second.extend(indices)
+        return {"x": torch.ones(len(indices), 4)}
+
+    toy_trainer(tmp_path / "run2", len(kept), make_second, max_steps=4, batch_size=3, seed=9,
+                save_every=100, log_every=100).fit()
+    record2 = {"calls": [{"stages": {"tokenize": {"train_examples": len(kept)}, "train": {
+        "steps": 4, "global_batch": 3, "recipe": {"train": {"seed": 9}}}}}]}
+    third = unseen_rows(unseen_rows(rows, record), record2)
+    used = {f"c{i}" for i in drawn} | {kept[i]["id"] for i in second}
+    assert len(used) == 15 + 12 and {r["id"] for r in third} == {r["id"] for r in rows} - used
 
 
 def test_retarget_refits_the_schedule_and_deadline_stops_with_a_checkpoint(tmp_path):

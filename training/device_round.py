@@ -189,12 +189,12 @@ def given_data(args, record: Round, tokenizer) -> tuple[TokenizedDataset, Tokeni
     sequences than there are new conversations, so the snapshot's are left out."""
     start = time.time()
     rows = [row for path in args.conversations for row in read_jsonl_conversations(path)]
-    if args.after_round:
-        rows = unseen_rows(rows, json.loads(args.after_round.read_text()))
+    for previous in args.after_round:  # in the order the rounds ran: each drew from what was left
+        rows = unseen_rows(rows, json.loads(previous.read_text()))
     train = tokenize_parallel(args.target, rows, workers=2)
     held = heldout_set(_snapshot_rows(args.snapshot, "heldout_regenerated"), tokenizer)
     record.note("tokenize", train_examples=len(train), new_conversations=len(rows), heldout_examples=len(held),
-                sources=[str(p) for p in args.conversations], after_round=str(args.after_round or ""),
+                sources=[str(p) for p in args.conversations], after_round=",".join(map(str, args.after_round)),
                 train_tokens=sum(map(len, train.input_ids)), seconds=round(time.time() - start, 1))
     return train, held
 
@@ -287,8 +287,9 @@ def parse(argv: Sequence[str] | None):
     p.add_argument("--anchors", type=int, default=64, help="held-out anchors per example (measure stage)")
     p.add_argument("--conversations", type=Path, action="append", default=[],
                    help="train on these generated, decontaminated conversations (skips prompts and replies)")
-    p.add_argument("--after-round", type=Path, default=None, metavar="ROUND_JSON",
-                   help="leave out the conversations the CPU round of this record (OUT/round.json) drew")
+    p.add_argument("--after-round", type=Path, action="append", default=[], metavar="ROUND_JSON",
+                   help="leave out the conversations the CPU round of this record (OUT/round.json) drew; "
+                        "repeat it for a chain of rounds, in the order they ran")
     p.add_argument("--total-steps", type=int, default=0,
                    help="the run's length in steps instead of one fitted to the budget (a shared CPU's step time varies)")
     p.add_argument("--pack", type=Path, default=None, help="write the bundle parts here")
