@@ -13,6 +13,12 @@ For each chosen system (its `num_speculative_tokens` = K):
 It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
 `<name>-scheduled` (the schedule in its speculative_config), which `python -m eval run` serves,
 and beside it `<out>.measurements.json`: the costs, acceptance and predicted tokens/s.
+
+With `--temperature T > 0` every timed and accepted run samples at T (seeded), and the plan is
+for sampled requests: `<name>+sampled-k` is the system as given (its own k-by-batch table, the
+greedy requests', kept) with the plan as `liliprop.sampled_k` (vllm_liliprop/sampled_drafts.py).
+vLLM's table is one k per batch size for every request; a sampled draft pays less and its
+verification costs more, so its k is planned on its own.
 Prompts come from a held-out file of the drafts' build, never from the benchmarks.
 """
 
@@ -34,6 +40,8 @@ from vllm_liliprop.host import fast_dtype
 
 HELDOUT = "testbed/smollm2/data/heldout_regenerated.jsonl.gz"
 SCHEDULED = "-scheduled"
+SAMPLED = "+sampled-k"
+SEED = 42  # of the sampled runs (--temperature > 0)
 
 
 def add_parser(sub) -> None:
@@ -55,6 +63,9 @@ def add_parser(sub) -> None:
                    help="vllm.LLM keyword arguments (dtype default: this host's, "
                         "python -m vllm_liliprop.host)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is used)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="time and accept at this temperature; > 0 plans the k of sampled requests "
+                        "(written as liliprop.sampled_k of <name>+sampled-k)")
     p.add_argument("--from-measurements", metavar="FILE", help="plan from a measurements file an earlier "
                    "run wrote (<out>.measurements.json) instead of timing this host again")
     p.add_argument("--out", required=True, help="systems file to write")
@@ -93,12 +104,17 @@ def pinned(speculative_config: dict, k: int, max_batch: int) -> dict:
     return dict(speculative_config, num_speculative_tokens_per_batch_size=[[1, max_batch, k]])
 
 
-def _one_step_cost(engine, batch, render, tokens) -> float:
-    """Seconds per decoding step: the long run's extra time over its extra steps, so that the
-    prefill and the engine's per-batch overheads cancel."""
+def sampling(temperature: float, max_tokens: int, ignore_eos: bool = True):
+    """The Sampling of every schedule run: greedy, or seeded at temperature > 0."""
     from vllm_liliprop.vllm.offline import Sampling
 
-    short, long = (engine.run_batch(batch, render, Sampling(0.0, n, None, True)) for n in tokens)
+    return Sampling(temperature, max_tokens, SEED if temperature > 0 else None, ignore_eos)
+
+
+def _one_step_cost(engine, batch, render, tokens, temperature: float = 0.0) -> float:
+    """Seconds per decoding step: the long run's extra time over its extra steps, so that the
+    prefill and the engine's per-batch overheads cancel."""
+    short, long = (engine.run_batch(batch, render, sampling(temperature, n)) for n in tokens)
     extra_steps = long.num_steps - short.num_steps
     if extra_steps <= 0:
         raise ValueError(f"--tokens {tokens}: the long run took no more steps than the short "
@@ -106,11 +122,9 @@ def _one_step_cost(engine, batch, render, tokens) -> float:
     return (long.wall_s - short.wall_s) / extra_steps
 
 
-def acceptance(engine, prompts, render, max_tokens=64) -> list[float]:
-    """Fraction of drafts accepted through each position (T = 0, the prompts' natural answers)."""
-    from vllm_liliprop.vllm.offline import Sampling
-
-    result = engine.run_batch(prompts, render, Sampling(0.0, max_tokens, None, False))
+def acceptance(engine, prompts, render, max_tokens=64, temperature: float = 0.0) -> list[float]:
+    """Fraction of drafts accepted through each position (the prompts' natural answers)."""
+    result = engine.run_batch(prompts, render, sampling(temperature, max_tokens, ignore_eos=False))
     if result.counters.num_drafts == 0:
         raise ValueError("the system drafted nothing on the held-out prompts")
     return list(result.counters.acceptance_rate_per_pos)
@@ -122,15 +136,14 @@ def arms(systems) -> list[tuple[str, int]]:
     return [(BASELINE, 0)] + [(name, k) for name, K in top.items() for k in range(K, -1, -1)]
 
 
-def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log) -> dict:
+def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log,
+               temperature: float = 0.0) -> dict:
     """Seconds per step of every arm at every batch size, measured in `rounds` interleaved rounds
     (each round times every arm once per batch size, in an order rotated from round to round),
     so a shared host's drift falls on all arms alike: {name: {k: {b: [s, one per round]}}}.
     A system's engine runs each k in turn (OfflineEngine.pin_k)."""
-    from vllm_liliprop.vllm.offline import Sampling
-
     for engine in engines.values():
-        engine.run_batch(prompts[:1], render, Sampling(0.0, tokens[0], None, True))  # warm-up
+        engine.run_batch(prompts[:1], render, sampling(temperature, tokens[0]))  # warm-up
     times: dict = {}
     for r in range(rounds):
         for b in batch_sizes:
@@ -139,7 +152,7 @@ def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, 
             for name, k in arm_list[shift:] + arm_list[:shift]:
                 if name != BASELINE:
                     engines[name].pin_k(k)
-                cost = _one_step_cost(engines[name], batch, render, tokens)
+                cost = _one_step_cost(engines[name], batch, render, tokens, temperature)
                 times.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(cost)
         log(f"round {r + 1}/{rounds}: " + "; ".join(
             f"{name} k={k} " + ", ".join(f"b={b} {1000 * t[-1]:.1f}" for b, t in by_b.items())
@@ -177,6 +190,21 @@ def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
                 description=f"{entry.get('description', '')} | scheduled on this host: {summary}")
 
 
+def sampled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
+    """The system with the plan as its sampled requests' schedule (liliprop.sampled_k); the
+    ranges at the system's full k cut nothing and are left out (none left: no sampled_k)."""
+    top = int(entry["speculative_config"]["num_speculative_tokens"])
+    cuts = [r for r in ranges if r[2] < top]
+    options = {**(entry.get("liliprop") or {}), **({"sampled_k": cuts} if cuts else {})}
+    return dict(entry, **({"liliprop": options} if options else {}),
+                description=f"{entry.get('description', '')} | sampled requests scheduled on this "
+                            f"host: {summary}")
+
+
+# How a plan is written, by whether it was timed at T > 0: (name suffix, entry builder).
+PLAN_ENTRIES = {False: (SCHEDULED, scheduled_entry), True: (SAMPLED, sampled_entry)}
+
+
 def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log) -> tuple[dict, dict]:
     """(acceptance per position of each system at its K, step_costs' times of every arm), with
     plain decoding's engine and one engine per system open together."""
@@ -194,8 +222,10 @@ def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, l
             engines[system.name] = stack.enter_context(OfflineEngine(
                 args.target, flags, pinned(system.speculative_config, top, max_batch),
                 system.options(), max_num_seqs=max_batch))
-            accepted[system.name] = acceptance(engines[system.name], prompts, render)
-        times = step_costs(engines, arms(systems), prompts, render, batch_sizes, tokens, args.rounds, log)
+            accepted[system.name] = acceptance(engines[system.name], prompts, render,
+                                               temperature=args.temperature)
+        times = step_costs(engines, arms(systems), prompts, render, batch_sizes, tokens, args.rounds, log,
+                           args.temperature)
     return accepted, times
 
 
@@ -229,6 +259,8 @@ def command(args) -> int:
     tokens = _ints(args.tokens, "--tokens")
     if len(tokens) != 2 or tokens[0] >= tokens[1]:
         raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature {args.temperature} must be >= 0 (0: greedy requests' schedule)")
     max_batch = args.max_batch or max(batch_sizes)
     earlier = json.loads(Path(args.from_measurements).read_text()) if args.from_measurements else None
     # A plan from an earlier run keeps the dtype that run was timed in.
@@ -247,7 +279,8 @@ def command(args) -> int:
     plain = times[BASELINE][0]
     ar_costs = medians(times[BASELINE])[0]
     out = {BASELINE: raw.get(BASELINE, {})}
-    record = {"dtype": flags["dtype"], "batch_sizes": batch_sizes, "tokens": tokens,
+    record = {"dtype": flags["dtype"], "temperature": earlier.get("temperature", 0.0) if earlier
+              else args.temperature, "batch_sizes": batch_sizes, "tokens": tokens,
               "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     for system in systems:
@@ -258,7 +291,8 @@ def command(args) -> int:
         log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted[system.name]]}; "
             f"schedule {summary}")
         out[system.name] = raw[system.name]
-        out[system.name + SCHEDULED] = scheduled_entry(raw[system.name], ranges, summary)
+        suffix, planned = PLAN_ENTRIES[record["temperature"] > 0]
+        out[system.name + suffix] = planned(raw[system.name], ranges, summary)
         record["systems"][system.name] = dict(
             acceptance_per_pos=accepted[system.name], step_costs_s=costs, measured_step_costs_s=measured,
             step_costs_s_by_round=times[system.name],
@@ -275,7 +309,7 @@ def command(args) -> int:
 
 
 def prediction_table(record: dict) -> str:
-    lines = [f"dtype {record['dtype']}; expected tokens/s (cost model)",
+    lines = [f"dtype {record['dtype']}, T = {record.get('temperature', 0.0):g}; expected tokens/s (cost model)",
              "| system | batch | k | AR | fixed k | scheduled |", "|---|---|---|---|---|---|"]
     for name, measured in record["systems"].items():
         for row in measured["predicted_tokens_per_s"]:

@@ -75,3 +75,34 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
     ranges = json.loads(again.read_text())["DFlash-scheduled"]["speculative_config"]
     assert ranges["num_speculative_tokens_per_batch_size"][-1][1] == 8
+
+
+def test_a_schedule_timed_at_t1_is_written_as_the_sampled_requests_k(tmp_path):
+    """--temperature 1: every run sampled (seeded), the plan written as liliprop.sampled_k of
+    DFlash+sampled-k (its ranges below the full k), the greedy schedule left to the system."""
+    from eval.cli import main
+    from eval.schedule import sampled_entry
+    from vllm_liliprop.options import resolve_options
+
+    out = tmp_path / "sampled.json"
+    assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2",
+                 "--tokens", "4,12", "--rounds", "1", "--prompts", "2", "--temperature", "1",
+                 "--engine-flags", json.dumps(FLAGS), "--out", str(out)]) == 0
+    systems = json.loads(out.read_text())
+    assert set(systems) == {"AR", "DFlash", "DFlash+sampled-k"}
+    record = json.loads(out.with_suffix(".measurements.json").read_text())
+    assert record["temperature"] == 1.0
+    plan = record["systems"]["DFlash"]["schedule"]
+    entry = systems["DFlash+sampled-k"]
+    assert "num_speculative_tokens_per_batch_size" not in entry["speculative_config"]
+    cuts = [r for r in plan if r[2] < 7]
+    assert entry.get("liliprop", {}).get("sampled_k") == (cuts or None)
+    if cuts:
+        resolve_options(["DFlashDraftModel"], {"liliprop": entry["liliprop"]}, None)
+    # The builder on a known plan: the full-k range cuts nothing and is left out.
+    dflash = {"speculative_config": {"method": "dflash", "num_speculative_tokens": 3}}
+    assert sampled_entry(dflash, [[1, 2, 3], [3, 16, 0]], "x")["liliprop"] == {"sampled_k": [[3, 16, 0]]}
+    assert "liliprop" not in sampled_entry(dflash, [[1, 16, 3]], "x")
+    assert main(["schedule", "--target", "x", "--systems", str(TINY / "systems.json"), "--var",
+                 f"testbed={TINY}", "--only", "DFlash", "--temperature", "-1", "--out", str(out)]) == 2
