@@ -89,6 +89,7 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     runs the drafter's query pass; options: this package's draft-rule options)."""
     from vllm import LLM, SamplingParams
 
+    from vllm_liliprop.vllm.offline import liliprop_options_env
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     spec = None if k == 0 else {"method": "dflash", "model": draft, "num_speculative_tokens": k}
@@ -96,7 +97,7 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
         spec = {"method": "dflash", "model": draft, "num_speculative_tokens": 1,
                 "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
         LiliPropProposer.skip_plain_step_queries = plain_steps
-    with _options_env(options):
+    with liliprop_options_env(options):
         llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
                   speculative_config=spec, max_num_seqs=concurrency)
     engine = llm.llm_engine
@@ -131,26 +132,6 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     gc.collect()
     LiliPropProposer.skip_plain_step_queries = True
     return row
-
-
-@contextlib.contextmanager
-def _options_env(options: dict | None):
-    """VLLM_LILIPROP_OPTIONS while an engine starts (None: as it was)."""
-    import json
-    import os
-
-    from vllm_liliprop.options import ENV_VAR
-
-    old = os.environ.get(ENV_VAR)
-    if options is not None:
-        os.environ[ENV_VAR] = json.dumps(options)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = old
 
 
 # --sampled-k0's options: no draft for a sampled request at any batch size (sampled_drafts.py).

@@ -188,7 +188,7 @@ class OfflineEngine:
         # vLLM reads VLLM_PLUGINS, and the proposer its absence of liliprop, while the engine starts.
         plugins = (_env("VLLM_PLUGINS", plugins_without_liliprop()) if self.without_liliprop
                    else nullcontext())
-        with _liliprop_env(self.liliprop_options), plugins:
+        with liliprop_options_env(self.liliprop_options), plugins:
             self.llm = LLM(
                 model=self.target,
                 speculative_config=self.speculative_config,
@@ -345,7 +345,8 @@ def in_process_drafter(llm: LLM):
         return None
 
 
-def _liliprop_env(options: dict | None):
+def liliprop_options_env(options: dict | None):
+    """VLLM_LILIPROP_OPTIONS = options while the block runs (None: unset), then as it was."""
     return _env(ENV_VAR, None if options is None else json.dumps(options))
 
 
