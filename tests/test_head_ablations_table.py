@@ -24,6 +24,9 @@ def test_rows_name_only_the_fields_they_changed():
     assert lines[0].startswith("| change against the baseline | step 500 |")
     assert lines[2] == "| baseline (the shipped head) | 2.050 / 4.0% | 10.0% |"
     assert lines[3] == "| lattice.k=4, loss.distractor=0.0 | 2.010 / 2.0% | 5.0% |"
+    # The same recipe on other training data names its store.
+    more_data = {**BASE, "store": "bigger", "curve": other["curve"]}
+    assert table([more_data], {**BASE, "store": "wide"}).splitlines()[3].startswith("| store=bigger | 2.010")
 
 
 def test_a_record_from_another_held_out_store_is_refused(tmp_path):

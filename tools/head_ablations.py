@@ -33,6 +33,8 @@ def changed_fields(recipe: dict, baseline: dict, prefix: str = "") -> dict:
 def row(record: dict, baseline: dict, steps: Sequence[int]) -> str:
     by_step = {point["step"]: point for point in record["curve"]}
     changes = changed_fields(record["recipe"], baseline["recipe"])
+    if record.get("store") != baseline.get("store"):  # the training data, not the recipe
+        changes["store"] = record.get("store")
     name = ", ".join(f"{k}={v}" for k, v in changes.items()) or "baseline (the shipped head)"
     cells = [f"{by_step[s]['walk_tau']:.3f} / {100 * by_step[s]['headroom_share']:.1f}%" if s in by_step else ""
              for s in steps]
