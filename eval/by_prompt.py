@@ -6,7 +6,8 @@ row's prompts share one AR reference batch run seconds earlier, so a slow moment
 shifts every prompt of the row alike and resampling prompts would not see it. Here AR runs on
 each prompt right beside the system's run of the same prompt, in alternating order (AR first on
 even prompts, the system first on odd ones; with several systems side by side the order rotates,
-`arm_order`), so that a machine speeding up or slowing down over a row favours neither arm. At c = 1 the engine runs one request at a time anyway, so a row's
+`arm_order`), so that a machine speeding up or slowing down over a row favours neither arm. At
+c = 1 the engine runs one request at a time anyway, so a row's
 work is that of its batch; each prompt starts on an emptied prefix cache, both arms alike.
 
 With `repeats` R > 1 each prompt is timed R times per arm, the order alternating run after run
