@@ -6,6 +6,7 @@ References: `topk_candidates_reference`, `LatticeHead.score`, `walk_faults_refer
 """
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -45,14 +46,15 @@ def _logits(g, n, vocab, kind, dtype):
     if kind == "faults" and n >= 3:
         x[0, vocab // 2] = NAN
         x[1] = -INF
-        x[2, 3] = INF
+        x[2, 3 % vocab] = INF  # vocab may be as small as 2
     return x
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["plain", "ties", "flat-top", "faults"])
 def test_fast_topk_equals_reference(dtype, kind):
-    g = torch.Generator().manual_seed(hash((str(dtype), kind)) % 1000)
+    # crc32, not hash(): str hashes change with PYTHONHASHSEED, so a failure would not replay
+    g = torch.Generator().manual_seed(zlib.crc32(f"{dtype}-{kind}".encode()))
     for trial in range(15):
         n = int(torch.randint(1, 25, (1,), generator=g))
         vocab = int(torch.randint(2, 700, (1,), generator=g))
