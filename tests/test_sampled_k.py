@@ -10,7 +10,12 @@ import torch
 
 from vllm_liliprop.draft_length import NO_DRAFT
 from vllm_liliprop.options import OptionError, resolve_options
-from vllm_liliprop.sampled_drafts import check_sampled_k, cut_sampled_rows, sampled_k_at
+from vllm_liliprop.sampled_drafts import (
+    check_sampled_k,
+    cut_sampled_rows,
+    sampled_k_at,
+    sampled_never_draft,
+)
 
 
 def test_sampled_rows_are_cut_and_greedy_rows_kept():
@@ -29,6 +34,13 @@ def test_the_k_of_a_batch_size_comes_from_its_range():
     assert ranges == ((1, 2, 2), (3, 16, 0))
     assert [sampled_k_at(ranges, b) for b in (1, 2, 3, 16, 17)] == [2, 2, 0, 0, None]
     assert sampled_k_at(None, 4) is None
+
+
+def test_sampled_requests_never_draft_only_where_every_batch_size_gives_k_0():
+    assert sampled_never_draft(check_sampled_k([[1, 8, 0]], "x"), 8)
+    assert sampled_never_draft(check_sampled_k([[1, 3, 0], [4, 256, 0]], "x"), 8)
+    assert not sampled_never_draft(check_sampled_k([[1, 4, 0]], "x"), 8)  # batch 5-8: full k
+    assert not sampled_never_draft(check_sampled_k([[1, 1, 2], [2, 8, 0]], "x"), 8)
 
 
 @pytest.mark.parametrize("value, message", [
@@ -94,3 +106,22 @@ def test_a_sampled_k_that_cuts_nothing_is_refused_at_engine_start(tiny_models):
     with pytest.raises(Exception, match=r"sampled_k = \[\[1, 4, 7\]\] lets sampled requests draft "
                                         r"every one of the num_speculative_tokens = 7 slots"):
         _run(tiny_models, {"rule": "argmax", "sampled_k": [[1, 4, 7]]}, [(0, 1.0)])
+
+
+@pytest.mark.vllm
+def test_sampled_requests_that_never_draft_skip_the_drafters_context_pass(tiny_models):
+    # k = 0 at every batch size: the sampled requests' context is never read, so no pass
+    # stores it; a plan that lets them draft at batch 1 keeps storing it. Three requests that
+    # finish together never reach batch 1, so both runs verify no draft, and the seeded tokens
+    # are the same: skipping the pass changes nothing the target samples.
+    requests = [(0, 1.0), (1, 1.0), (2, 1.0)]
+    never_ids, never, never_drafter = _run(tiny_models, {"rule": "argmax", "sampled_k": [[1, 8, 0]]},
+                                           requests)
+    later_ids, later, later_drafter = _run(
+        tiny_models, {"rule": "argmax", "sampled_k": [[1, 1, 2], [2, 8, 0]]}, requests)
+    assert never.num_drafts == later.num_drafts == 0
+    assert never_drafter.num_sampled_context_skips == never_drafter.num_sampled_plain_steps > 0
+    assert never_drafter.num_context_only_steps == 0
+    assert later_drafter.num_sampled_context_skips == 0
+    assert later_drafter.num_context_only_steps == later_drafter.num_sampled_plain_steps > 0
+    assert never_ids == later_ids

@@ -51,7 +51,7 @@ from vllm_liliprop.prompt_lookup import lookup_drafts
 from vllm_liliprop.rules import DraftInputs, argmax_drafts
 from vllm_liliprop.rules.factory import RuleResources, build_rule
 from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_rows
-from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at
+from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at, sampled_never_draft
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
@@ -190,6 +190,10 @@ class LiliPropProposer(DFlashProposer):
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
+        # Sampled requests never draft at any batch size: their context pass can go too.
+        self._sampled_skip_context = self._sampled_k is not None and sampled_never_draft(
+            self._sampled_k, int(vllm_config.scheduler_config.max_num_seqs))
+        self.num_sampled_context_skips = 0  # of those steps, ones without the context pass
         if self.liliprop_options is not None:
             refuse_heterogeneous_vocab(spec)
             check_rule_draft_length(self._rule_draft_length, spec, vllm_config.scheduler_config)
@@ -341,12 +345,16 @@ class LiliPropProposer(DFlashProposer):
                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
                 slot_mappings=slot_mappings)
             return cut_sampled_rows(drafts, sampling_metadata.temperature, sampled_k)
-        plain = self._store_context_only(target_token_ids, target_positions, target_hidden_states,
-                                         next_token_ids, common_attn_metadata,
-                                         num_rejected_tokens_gpu)
-        if num_speculative_tokens == 0:
-            return plain
-        self.num_speculative_tokens = num_speculative_tokens
+        if none_drafts and self._sampled_skip_context:  # no request here ever reads its context
+            self._last_draft_probs = None  # the runner must not verify against an older step's
+            self.num_sampled_context_skips += 1
+        else:
+            plain = self._store_context_only(target_token_ids, target_positions,
+                                             target_hidden_states, next_token_ids,
+                                             common_attn_metadata, num_rejected_tokens_gpu)
+            if num_speculative_tokens == 0:
+                return plain
+            self.num_speculative_tokens = num_speculative_tokens
         if none_drafts:  # the target verifies nothing: a plain decoding step (patch 11)
             self.num_sampled_plain_steps += 1
             return torch.full((batch, num_speculative_tokens), NO_DRAFT, dtype=torch.int64,
