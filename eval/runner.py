@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Example, measurement_groups
-from eval.by_prompt import measure_by_prompt
+from eval.by_prompt import REFERENCE, measure_side_by_side
 from eval.machine import machine_record
 from eval.metrics import run_metrics, speedup
 from eval.paired import CheckedReference, checked_reference
@@ -228,14 +228,14 @@ class Campaign:
                     # engine counts its own drafts: vllm_liliprop/vllm/engine_counters.py).
                     paired.open(c)
                 with self.engine(offline, system, c) as engine:
-                    render = self.renderer(self._prompt_limit(engine))
+                    render = self.renderer(self.prompt_limit(engine))
                     self.log(f"{system.name} c={c}: {engine.serving()}")
                     for m in items:
                         bar.set_description(f"{system.name} c={c} {m.benchmark.name}"
                                             f"{'/' + m.category if m.category else ''} "
                                             f"T={m.temperature:g} s={m.seed}")
-                        rows, prompt_rows = self._measure(engine, render, m, offline, paired)
-                        self._log_truncated(m, rows[-1]["num_truncated"], render.max_prompt_tokens)
+                        rows, prompt_rows = self.measure(engine, render, m, offline, paired)
+                        self.log_truncated(m, rows[-1]["num_truncated"], render.max_prompt_tokens)
                         written += self.write(rows, prompt_rows)
                         bar.update(1)
         finally:
@@ -258,13 +258,13 @@ class Campaign:
             self.results.append(row)
         return len(rows)
 
-    def _log_truncated(self, m: Measurement, count: int, limit: int | None) -> None:
+    def log_truncated(self, m: Measurement, count: int, limit: int | None) -> None:
         if count:
             self.log(f"{m.system.name} {m.benchmark.name}{'/' + m.category if m.category else ''}: "
                      f"{count} prompt(s) right-truncated to {limit} tokens (max_model_len "
                      f"{limit + self.protocol.max_tokens} - max_tokens {self.protocol.max_tokens})")
 
-    def _prompt_limit(self, engine) -> int:
+    def prompt_limit(self, engine) -> int:
         limit = engine.max_model_len - self.protocol.max_tokens
         if limit <= 0:
             raise ValueError(f"max_tokens = {self.protocol.max_tokens} leaves no room for "
@@ -310,23 +310,45 @@ class Campaign:
             reference = paired.measure(m, job_rates) if wanted else None
             result, _, truncated = self._warm_and_run(engine, render, m, offline)
             return result, truncated, reference, []
-        p = self.protocol
-        conversations = [list(e.turns) for e in m.examples]
-        sampling = offline.Sampling(m.temperature, p.max_tokens, self._seed(m), p.ignore_eos)
-        self._warm(engine, render, m, offline)
-        run_reference = paired.prompt_runner(m, sampling) if wanted else None
-        before = render.num_truncated
-        measured = measure_by_prompt(
-            conversations, [e.id for e in m.examples],
-            lambda i: engine.run_batch(conversations[i:i + 1], render, sampling, first_index=i),
-            run_reference, job_rates, p.repeats)
-        for checked in measured.references:
-            paired.log_retries(m, checked, job_rates)
-        # Each repeat renders the prompts again: count each cut prompt once.
-        truncated = (render.num_truncated - before) // p.repeats
+        name = m.system.name
+        [(_, measured, truncated)] = self.measure_prompt_set(
+            [m], {name: engine}, {name: render}, offline, paired if wanted else None)
         return measured.result, truncated, measured.reference, measured.prompt_rows
 
-    def _measure(self, engine, render, m: Measurement, offline,
+    def measure_prompt_set(self, group: list[Measurement], engines: dict, renders: dict, offline,
+                           paired: "_PairedBaseline | None" = None):
+        """[(measurement, eval.by_prompt.ByPrompt, truncated prompts)] for run measurements at
+        c = 1 that share prompts and sampling, prompt by prompt, each on its system's engine and
+        render (by name). With `paired`, AR runs once per prompt as every system's reference and
+        AR's own measurement, if in the group, is made of those runs (--side-by-side)."""
+        first, p = group[0], self.protocol
+        conversations = [list(e.turns) for e in first.examples]
+        sampling = offline.Sampling(first.temperature, p.max_tokens, self._seed(first), p.ignore_eos)
+        arms = [m for m in group if paired is None or not m.system.is_baseline]
+        for m in arms:
+            self._warm(engines[m.system.name], renders[m.system.name], m, offline)
+        run_reference = paired.prompt_runner(first, sampling) if paired is not None else None
+        renders = renders if paired is None else {**renders, REFERENCE: paired.render}
+        before = {name: render.num_truncated for name, render in renders.items()}
+
+        def runner(name):
+            return lambda i: engines[name].run_batch(conversations[i:i + 1], renders[name], sampling,
+                                                     first_index=i)
+
+        job_rates = self.results.job_rates(first.template, BASELINE) if paired is not None else []
+        measured = measure_side_by_side(conversations, [e.id for e in first.examples],
+                                        {m.system.name: runner(m.system.name) for m in arms},
+                                        run_reference, job_rates, p.repeats)
+        for checked in measured[REFERENCE].references if paired is not None else ():
+            paired.log_retries(first, checked, job_rates)
+        answer = []
+        for m in group:
+            name = m.system.name if any(m is arm for arm in arms) else REFERENCE
+            # Each repeat renders the prompts again: count each cut prompt once.
+            answer.append((m, measured[name], (renders[name].num_truncated - before[name]) // p.repeats))
+        return answer
+
+    def measure(self, engine, render, m: Measurement, offline,
                  paired: "_PairedBaseline | None" = None) -> tuple[list[dict], list[dict]]:
         """The rows of one measurement and, for a run row measured prompt by prompt, its
         per-prompt rows. With `paired`, a run row's reference is AR's run on the same prompts
@@ -334,7 +356,7 @@ class Campaign:
         base = {**m.template, "num_prompts": len(m.examples), "timestamp": now()}
         if m.kind == "run":
             result, truncated, paired_ar, prompt_rows = self._run_row(engine, render, m, offline, paired)
-            return [self._run_row_dict(m, result, truncated, paired_ar)], prompt_rows
+            return [self.run_row_dict(m, result, truncated, paired_ar)], prompt_rows
         result, times, truncated = self._warm_and_run(engine, render, m, offline, stages=True)
         metrics = {"num_truncated": truncated,
                    **run_metrics(result.counters, result.output_tokens, result.wall_s)}
@@ -344,7 +366,7 @@ class Campaign:
         return [{**base, **metrics, "stage": s, "stage_ms": stages.get(s, math.nan),
                  "speedup": math.nan, "output_hashes": "[]"} for s in names], []
 
-    def _run_row_dict(self, m: Measurement, result, truncated: int,
+    def run_row_dict(self, m: Measurement, result, truncated: int,
                       paired_ar: CheckedReference | None) -> dict:
         """A run row of the results file: m's columns, the run's metrics, its speedup over its
         paired AR reference (else over AR's row in the results file)."""
@@ -387,7 +409,7 @@ class _PairedBaseline:
         self.close()
         self.engine = self.offline.OfflineEngine(self.campaign.target, self.campaign.engine_flags,
                                                  max_num_seqs=concurrency).__enter__()
-        self.render = self.campaign.renderer(self.campaign._prompt_limit(self.engine))
+        self.render = self.campaign.renderer(self.campaign.prompt_limit(self.engine))
         self.concurrency = concurrency
 
     def measure(self, m: Measurement, job_rates: list[float]) -> CheckedReference:
