@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -303,12 +304,16 @@ class Campaign:
     def _run_row(self, engine, render, m: Measurement, offline, paired: "_PairedBaseline | None"):
         """A run row's BatchResult (or Totals), truncated prompts, AR reference (--paired, checked
         by eval.paired; None without) and per-prompt rows: at c = 1 prompt by prompt
-        (eval.by_prompt), else one batch after its reference batch."""
+        (eval.by_prompt), else one batch beside its reference batch (system_goes_first)."""
         wanted = paired is not None and not m.system.is_baseline
         job_rates = self.results.job_rates(m.template, BASELINE) if wanted else []
         if m.concurrency != 1:
-            reference = paired.measure(m, job_rates) if wanted else None
+            reference = None
+            if wanted and not system_goes_first(m):
+                reference = paired.measure(m, job_rates)
             result, _, truncated = self._warm_and_run(engine, render, m, offline)
+            if wanted and reference is None:
+                reference = paired.measure(m, job_rates)
             return result, truncated, reference, []
         name = m.system.name
         [(_, measured, truncated)] = self.measure_prompt_set(
@@ -387,6 +392,16 @@ class Campaign:
             baseline = self.results.baseline_tokens_per_s(row, BASELINE)
         row["speedup"] = speedup(row["tokens_per_s"], baseline)
         return row
+
+
+def system_goes_first(m: Measurement) -> bool:
+    """Whether a paired batch (c > 1) runs the system before its AR reference. Why alternate:
+    with AR always first, any order effect lands on the system's side of every c > 1 ratio, and
+    one step-level comparison on this 2-core host saw engines run later in a fixed order up to
+    15% slower (docs/measurements-smollm2.md, 2026-12-05 17:37). The two seeds of a sampled row (consecutive
+    integers) take opposite orders; at T = 0 the order varies by benchmark. Deterministic, so a
+    resumed job keeps it."""
+    return (zlib.crc32(f"{m.benchmark.name}/{m.category}".encode()) + m.seed) % 2 == 1
 
 
 class _PairedBaseline:

@@ -181,3 +181,39 @@ def test_side_by_side_needs_paired(tiny_models, tmp_path, capsys):
     assert "--side-by-side takes its speedups from AR's runs beside each system's: add --paired" in \
         capsys.readouterr().err
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_paired_batches_at_c2_alternate_their_order_and_pair_each_row(tiny_models, tmp_path, monkeypatch):
+    from eval import runner
+
+    order, in_reference = [], []
+    measure, warm_and_run = runner._PairedBaseline.measure, runner.Campaign._warm_and_run
+
+    def reference(self, m, job_rates):
+        order.append((m.seed, "AR"))
+        in_reference.append(True)
+        try:
+            return measure(self, m, job_rates)  # runs AR through Campaign._warm_and_run too
+        finally:
+            in_reference.pop()
+
+    def system(self, engine, render, m, offline, stages=False):
+        if m.system.name == "DFlash" and not in_reference:
+            order.append((m.seed, "DFlash"))
+        return warm_and_run(self, engine, render, m, offline, stages)
+
+    monkeypatch.setattr(runner._PairedBaseline, "measure", reference)
+    monkeypatch.setattr(runner.Campaign, "_warm_and_run", system)
+    command = _command(tiny_models, tmp_path)
+    command[command.index("--stages"):command.index("--stages") + 2] = []
+    command[command.index("--temperatures") + 1] = "1"
+    command[command.index("--seeds") + 1] = "42,43"
+    assert main(command + ["--paired", "--no-summary", "--benchmarks", "gsm8k", "--concurrency", "2"]) == 0
+    # Seed 42 and 43 of the same row run their pair in opposite orders.
+    assert sorted(order[0:2]) == [(42, "AR"), (42, "DFlash")] and sorted(order[2:4]) == [(43, "AR"), (43, "DFlash")]
+    assert [arm for _, arm in order[0:2]] == [arm for _, arm in order[2:4]][::-1]
+    runs = pd.read_csv(tmp_path / "results.csv")
+    dflash = runs[runs["system"] == "DFlash"]
+    assert len(dflash) == 2 and (dflash["paired_ar_output_tokens"] == 32).all()
+    assert (dflash["speedup"] - dflash["tokens_per_s"] / (dflash["paired_ar_output_tokens"]
+                                                        / dflash["paired_ar_wall_s"])).abs().max() < 1e-9

@@ -234,3 +234,20 @@ def test_side_by_side_shares_one_reference_and_rotates_the_order():
     assert measured[REFERENCE].result.wall_s == 12.0 and measured["A"].reference.result.wall_s == 12.0
     assert [r["paired_ar_wall_s"] for r in measured["B"].prompt_rows] == [4.0, 4.0, 4.0]
     assert all(math.isnan(r["paired_ar_wall_s"]) for r in measured[REFERENCE].prompt_rows)
+
+
+def test_paired_batches_alternate_which_arm_runs_first():
+    # c > 1: with AR always first, an order effect would land on the system's side of every
+    # ratio. The two seeds of a sampled row take opposite orders, for every benchmark.
+    from types import SimpleNamespace
+
+    from eval.runner import system_goes_first
+
+    def measurement(benchmark, seed, category=""):
+        return SimpleNamespace(benchmark=SimpleNamespace(name=benchmark), category=category, seed=seed)
+
+    names = ["mtbench", "gsm8k", "humaneval", "math500", "aime2024", "alpaca", "mbpp"]
+    for name in names:
+        assert system_goes_first(measurement(name, 42)) != system_goes_first(measurement(name, 43))
+    at_t0 = {system_goes_first(measurement(name, 42)) for name in names}
+    assert at_t0 == {True, False}  # a single seed still varies the order by benchmark
