@@ -348,7 +348,7 @@ class Campaign:
             paired.log_retries(first, checked, job_rates)
         answer = []
         for m in group:
-            name = m.system.name if any(m is arm for arm in arms) else REFERENCE
+            name = REFERENCE if paired is not None and m.system.is_baseline else m.system.name
             # Each repeat renders the prompts again: count each cut prompt once.
             answer.append((m, measured[name], (renders[name].num_truncated - before[name]) // p.repeats))
         return answer
@@ -398,9 +398,9 @@ def system_goes_first(m: Measurement) -> bool:
     """Whether a paired batch (c > 1) runs the system before its AR reference. Why alternate:
     with AR always first, any order effect lands on the system's side of every c > 1 ratio, and
     one step-level comparison on this 2-core host saw engines run later in a fixed order up to
-    15% slower (docs/measurements-smollm2.md, 2026-12-05 17:37). The two seeds of a sampled row (consecutive
-    integers) take opposite orders; at T = 0 the order varies by benchmark. Deterministic, so a
-    resumed job keeps it."""
+    15% slower (docs/measurements-smollm2.md, 2026-12-05 17:37). The two seeds of a sampled row
+    (consecutive integers) take opposite orders; at T = 0 the order varies by benchmark.
+    Deterministic, so a resumed job keeps it."""
     return (zlib.crc32(f"{m.benchmark.name}/{m.category}".encode()) + m.seed) % 2 == 1
 
 
