@@ -22,7 +22,7 @@ target=$(.venv/bin/python -m eval fetch-target smollm2-135m-instruct)
 # intervals resampled over prompts within each benchmark (eval/README.md). LILIPROP_REPEATS=2 keeps
 # the fastest of two interleaved runs per arm, at twice the speed pass's time.
 # Each system adds its own generation time (about 0.8x AR's for DFlash). LILIPROP_SYSTEMS=headline (the five headline systems), peers (those and every peer),
-# all (this package's eleven) or a list picks others; LILIPROP_PROMPTS and LILIPROP_REPEATS the rest.
+# all (this package's eleven) or a list picks others; LILIPROP_PROMPTS, LILIPROP_TOKENS and LILIPROP_REPEATS the rest.
 all_systems=AR,DFlash,DFlash+lookup,DeLS-GRU,DeLS-Markov,LiLiCorr-greedy,LiLiCorr-viterbi,LiLiCorr+DeLS,LiLiCorr+lookup,Domino,DSpark
 headline=AR,DFlash,DFlash+lookup,LiLiCorr-greedy,DSpark,DeLS-Markov
 # LILIPROP_SYSTEMS=peers: the headline systems beside the peers a user would pick instead (vLLM's
@@ -40,6 +40,10 @@ case "$systems" in
 esac
 prompts=${LILIPROP_PROMPTS:-14}
 repeats=${LILIPROP_REPEATS:-1}
+# 36 tokens a prompt: fourteen prompts a benchmark keep the headline interval near +-0.05 (fewer
+# widen it: 12 gave +-0.049 and 10 +-0.054 on the same job's prompts), so the tokens are what
+# brings the job to ~15 minutes on 2 cores (48 tokens took 21-24; LILIPROP_TOKENS sets them).
+tokens=${LILIPROP_TOKENS:-36}
 run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \
@@ -53,12 +57,12 @@ dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
 # --paired --side-by-side: AR runs on each prompt beside the systems (every engine kept open), so
 # every speedup is a ratio measured side by side even when the machine's speed drifts; --repeats:
 # the fastest of that many interleaved runs per arm (eval/by_prompt.py).
-echo "[main job] 1/2: speed, $dtype, LILIPROP_PROMPTS=$prompts, LILIPROP_REPEATS=$repeats (arguments win; tables below)"
+echo "[main job] 1/2: speed, $dtype, LILIPROP_PROMPTS=$prompts, LILIPROP_TOKENS=$tokens, LILIPROP_REPEATS=$repeats (arguments win; tables below)"
 # Side by side every engine is open at once: 1 GiB of KV cache each holds a c = 1 request of
 # 2,048 tokens many times over (scripts/env.sh's default of 2 GiB is per engine).
 VLLM_CPU_KVCACHE_SPACE=${LILIPROP_KV_GIB:-1} \
 run --engine-flags '{"dtype": "'"$dtype"'", "max_model_len": 2048, "enforce_eager": true}' --paired --side-by-side \
-    --limit "$prompts" --repeats "$repeats" --max-tokens 48 --warmup-tokens 8 \
+    --limit "$prompts" --repeats "$repeats" --max-tokens "$tokens" --warmup-tokens 8 \
     --stages DFlash,LiLiCorr-greedy,DSpark --stage-benchmarks mtbench \
     --results "$out/results.csv" --no-summary "$@"
 # Losslessness in fp32: in bf16, vLLM's CPU verification pass rounds differently from a one-token

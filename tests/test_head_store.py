@@ -15,8 +15,8 @@ from _training_helpers import single_thread  # noqa: F401
 from training.build_stages.measure import drafter_acceptance
 from training.data import TokenizedDataset
 from training.export import load_dflash, load_lilicorr
-from training.head_store import build_store, load_store
-from training.headroom_metrics import headroom_metrics
+from training.head_store import build_store, first_slots, load_store
+from training.headroom_metrics import accepted_lengths, headroom_metrics
 from training.train_head import lattice_metrics, store_ranks, train_head
 
 TINY = Path(__file__).resolve().parents[1] / "testbed" / "tiny"
@@ -98,3 +98,26 @@ def test_learned_prior_is_exported_and_head_eval_measures_the_export(store, tmp_
     assert config["dflash_config"][PRIOR_KEY] == head.config.prior_weight
     [row] = evaluate([str(tmp_path / "draft")], [str(out)], embed)
     assert row["walk_tau"] == pytest.approx(curve[-1]["walk_tau"], abs=0.05)
+
+
+def test_first_slots_measures_what_k_slots_serve(store, tmp_path):
+    """train.slots: a store cut to its first 2 slots gives the argmax tau of blocks whose
+    accepted length is capped at 2, and a head trained on the cut store runs on 2-slot lattices;
+    a slot count the store lacks is refused with the field named."""
+    out, _, target = store
+    blocks = load_store(out)
+    cut = first_slots(blocks, 2)
+    assert cut["slot_hidden"].shape[1] == 2 and torch.equal(cut["anchor_hidden"], blocks["anchor_hidden"])
+    rank, valid = store_ranks(blocks)
+    capped = accepted_lengths(valid & (rank == 0)).clamp(max=2).float().mean().item() + 1
+    assert headroom_metrics(*store_ranks(cut))["argmax_tau"] == pytest.approx(capped)
+    assert first_slots(blocks, None) is blocks
+    with pytest.raises(ValueError, match="train.slots = 9"):
+        first_slots(blocks, 9)
+    recipe = {"lattice": {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                          "factor_dim": 16},
+              "train": {"steps": 5, "batch_blocks": 8, "lr": 3e-3, "eval_every": 5}}
+    embed = target.get_input_embeddings().weight.detach()
+    head, curve = train_head(recipe, cut, cut, embed, load_dflash(TINY / "drafts" / "dflash").config, tmp_path,
+                             progress=False)
+    assert curve[-1] == {**curve[-1], **lattice_metrics(head, cut, embed)}

@@ -18,21 +18,24 @@ import torch
 from safetensors.torch import load_file
 
 from training.export import load_lilicorr
-from training.head_store import load_store
+from training.head_store import first_slots, load_store
 from training.train_head import lattice_metrics
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
 __all__ = ["evaluate", "main"]
 
 
-def evaluate(drafts: Sequence[str], stores: Sequence[str], embed: torch.Tensor) -> list[dict]:
-    """One row per (draft, store): its metrics (a draft's prior weight is in its head's config)."""
-    loaded = {store: load_store(store) for store in stores}
+def evaluate(drafts: Sequence[str], stores: Sequence[str], embed: torch.Tensor,
+             slots: int | None = None) -> list[dict]:
+    """One row per (draft, store): its metrics (a draft's prior weight is in its head's config),
+    on lattices of the stores' first `slots` slots (the served k; None: every slot)."""
+    loaded = {store: first_slots(load_store(store), slots) for store in stores}
     rows = []
     for draft in drafts:
         _, head = load_lilicorr(draft)
         for store, blocks in loaded.items():
-            rows.append({"draft": draft, "store": store, **lattice_metrics(head, blocks, embed)})
+            rows.append({"draft": draft, "store": store, "slots": blocks["targets"].shape[1],
+                         **lattice_metrics(head, blocks, embed)})
     return rows
 
 
@@ -42,12 +45,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--draft", nargs="+", required=True, help="exported LiLiCorr draft folders")
     parser.add_argument("--store", nargs="+", required=True, help="head stores (training.head_store)")
     parser.add_argument("--target", required=True, help="the target's folder (its embedding table)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="measure lattices of the first N slots, as k = N speculative tokens serve them")
     parser.add_argument("--json", default=None, help="also write the rows here")
     add_verbose_flag(parser)
     args = parser.parse_args(argv)
     quiet_after_parse(args)  # libraries at WARNING unless --verbose
     embed = load_file(str(Path(args.target) / "model.safetensors"))["model.embed_tokens.weight"]
-    rows = evaluate(args.draft, args.store, embed)
+    rows = evaluate(args.draft, args.store, embed, args.slots)
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -37,7 +37,7 @@ from training.trainer import seeds_for
 from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
-__all__ = ["STORE_K", "block_inputs", "build_store", "load_store"]
+__all__ = ["STORE_K", "block_inputs", "build_store", "first_slots", "load_store"]
 
 STORE_K = 16  # candidates kept per slot: the K = 4 / 8 / 16 heads all read a prefix of them
 KEYS = ("candidate_ids", "candidate_log_probs", "slot_hidden", "anchor_hidden", "targets", "target_logq")
@@ -107,6 +107,19 @@ def load_store(folder: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"no head store in {folder}: build one with python -m training.head_store")
     parts = [load_file(str(s)) for s in shards]
     return {key: torch.cat([p[key] for p in parts]) for key in KEYS}
+
+
+def first_slots(store: dict[str, torch.Tensor], slots: int | None) -> dict[str, torch.Tensor]:
+    """The store's blocks cut to their first `slots` draft slots (None: all of them), as a vLLM
+    engine serving k = `slots` speculative tokens builds its lattice: a head trained on those
+    spends its capacity where serving reads it (the anchor state is per block, not per slot)."""
+    have = store["targets"].shape[1]
+    if slots is None or slots == have:
+        return store
+    if not 1 <= slots <= have:
+        raise ValueError(f"train.slots = {slots}: the store's blocks have {have} slots; give 1..{have} "
+                         "(the served num_speculative_tokens) or null for all")
+    return {key: t if key == "anchor_hidden" else t[:, :slots].contiguous() for key, t in store.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

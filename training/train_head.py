@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from training.export import export_lilicorr, load_dflash
-from training.head_store import load_store
+from training.head_store import first_slots, load_store
 from training.losses import distractor_penalty, ground_truth_index, margin_hinge, oracle_prefix_mask, reranker_ce
 from training.headroom_metrics import headroom_metrics
 from training.pipeline import build_lattice
@@ -187,7 +187,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     embed = load_file(str(Path(args.target) / "model.safetensors"))["model.embed_tokens.weight"]
     drafter = load_dflash(args.draft)
-    head, curve = train_head(recipe, load_store(args.store), load_store(args.heldout), embed, drafter.config, out)
+    # train.slots: the served k, where the head is trained and measured on lattices of that many slots.
+    slots = recipe["train"].get("slots")
+    head, curve = train_head(recipe, first_slots(load_store(args.store), slots),
+                             first_slots(load_store(args.heldout), slots), embed, drafter.config, out)
     export_lilicorr(out / "lilicorr", drafter, head, torch.bfloat16)
     for name in TOKENIZER_FILES:
         if (Path(args.draft) / name).is_file():
