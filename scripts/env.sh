@@ -12,3 +12,6 @@ fi
 # (starts in seconds instead of half a minute); both can be overridden from the environment.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
+# Intel OpenMP writes "OMP: Info #277: omp_set_nested routine deprecated" straight to the console,
+# past every Python log filter; off unless asked for (LILIPROP_VERBOSE=1, or KMP_WARNINGS set).
+[ "${LILIPROP_VERBOSE:-0}" = 1 ] || export KMP_WARNINGS=${KMP_WARNINGS:-0}
