@@ -40,9 +40,9 @@ case "$systems" in
 esac
 prompts=${LILIPROP_PROMPTS:-14}
 repeats=${LILIPROP_REPEATS:-1}
-# 36 tokens a prompt: fourteen prompts a benchmark keep the headline interval near +-0.05 (fewer
-# widen it: 12 gave +-0.049 and 10 +-0.054 on the same job's prompts), so the tokens are what
-# brings the job to ~15 minutes on 2 cores (48 tokens took 21-24; LILIPROP_TOKENS sets them).
+# 36 tokens a prompt: about 14 minutes on 2 cores (48 took 21-24). The headline interval narrows
+# with the tokens measured, from more prompts or longer ones alike: +-0.055 here, +-0.045 at 48
+# tokens (LILIPROP_TOKENS=48; docs/measurements-smollm2.md, 2026-12-05 22:19).
 tokens=${LILIPROP_TOKENS:-36}
 run() {
     .venv/bin/python -m eval run \

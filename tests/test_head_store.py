@@ -112,7 +112,7 @@ def test_first_slots_measures_what_k_slots_serve(store, tmp_path):
     capped = accepted_lengths(valid & (rank == 0)).clamp(max=2).float().mean().item() + 1
     assert headroom_metrics(*store_ranks(cut))["argmax_tau"] == pytest.approx(capped)
     assert first_slots(blocks, None) is blocks
-    with pytest.raises(ValueError, match="train.slots = 9"):
+    with pytest.raises(ValueError, match="train.slots / --slots = 9"):
         first_slots(blocks, 9)
     recipe = {"lattice": {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
                           "factor_dim": 16},

@@ -117,8 +117,8 @@ def first_slots(store: dict[str, torch.Tensor], slots: int | None) -> dict[str, 
     if slots is None or slots == have:
         return store
     if not 1 <= slots <= have:
-        raise ValueError(f"train.slots = {slots}: the store's blocks have {have} slots; give 1..{have} "
-                         "(the served num_speculative_tokens) or null for all")
+        raise ValueError(f"train.slots / --slots = {slots}: the store's blocks have {have} slots; give "
+                         f"1..{have} (the served num_speculative_tokens) or leave it unset for all")
     return {key: t if key == "anchor_hidden" else t[:, :slots].contiguous() for key, t in store.items()}
 
 
