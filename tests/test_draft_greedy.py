@@ -46,3 +46,26 @@ def test_vllm_paths_and_unordered_mappings_keep_vllms_own_argmax():
     shuffled = torch.tensor([5, 1, 7]) - torch.arange(3)
     assert DraftVocabArgmax.for_model(TinyDraft(weight, 8, shuffled), vllm_paths=False) is None
     assert DraftVocabArgmax.for_model(object(), vllm_paths=False) is None
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["full", "reduced"])
+def test_the_argmax_rule_drafts_vllms_argmax_over_the_draft_vocabulary(reduced):
+    """The `argmax` rule (a cut block, the hybrid's inner rule) takes the same tokens as vLLM's
+    scatter-then-argmax, ties included, reading only the draft vocabulary's logits."""
+    from vllm_liliprop.rules import DraftInputs
+    from vllm_liliprop.rules.base import ArgmaxRule
+    from vllm_liliprop.vllm.draft_greedy import draft_vocab_logits
+
+    torch.manual_seed(1)
+    vocab, hidden = 300, 16
+    ids = torch.sort(torch.randperm(vocab)[:100]).values if reduced else torch.arange(vocab)
+    weight = torch.randint(-2, 3, (ids.numel(), hidden)).to(torch.bfloat16)
+    model = TinyDraft(weight, vocab, (ids - torch.arange(ids.numel())) if reduced else None)
+    states = torch.randint(-1, 2, (8, 3, hidden)).to(torch.bfloat16)
+    inputs = DraftInputs(hidden=states, anchor_ids=torch.zeros(8, dtype=torch.long),
+                         compute_logits=model.compute_logits, embed=None,
+                         draft_vocab_logits=draft_vocab_logits(model) if reduced else None)
+    out = ArgmaxRule(ids if reduced else None).propose(inputs)
+    expected = model.compute_logits(states.reshape(24, hidden)).argmax(-1).view(8, 3)
+    assert torch.equal(out.token_ids, expected) and torch.equal(out.fallback_ids, expected)
+    assert not out.faulty_rows.any()

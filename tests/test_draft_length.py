@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_liliprop.draft_length import NO_DRAFT, check_draft_length, cut_drafts, trim_rows
+from vllm_liliprop.draft_length import NO_DRAFT, check_draft_length, cut_drafts, pad_drafts, rule_slots, short_block_advice, trim_rows
 from vllm_liliprop.options import OptionError, resolve_options
 
 
@@ -34,3 +34,24 @@ def test_the_option_is_checked_where_it_is_read():
     options = resolve_options(["DFlashDraftModel"], {"liliprop": {"rule_draft_length": 3}},
                               environ={})
     assert options.rule_draft_length == 3
+
+
+def test_the_rule_drafts_only_the_slots_kept_and_is_padded_back():
+    assert rule_slots(7, None) == 7 and rule_slots(7, 3) == 3 and rule_slots(2, 3) == 2
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    probs = torch.rand(2, 3, 11)
+    wide, wide_probs = pad_drafts(ids, probs, 5)
+    assert wide.tolist() == [[5, 6, 7, NO_DRAFT, NO_DRAFT], [8, 9, 10, NO_DRAFT, NO_DRAFT]]
+    assert wide_probs.shape == (2, 5, 11)
+    assert torch.equal(wide_probs[:, :3], probs) and not wide_probs[:, 3:].any()
+    assert pad_drafts(ids, None, 3) == (ids, None)
+    assert trim_rows(wide.tolist()) == ids.tolist()
+
+
+def test_a_block_shorter_than_trained_is_explained_with_the_setting_that_fixes_it():
+    advice = short_block_advice(8, 3, None)
+    assert "num_speculative_tokens = 7 with liliprop rule_draft_length = 3" in advice
+    assert short_block_advice(8, 7, None) is None  # the trained block
+    assert short_block_advice(8, 7, 3) is None
+    assert "num_speculative_tokens = 7 with liliprop rule_draft_length = 2" in short_block_advice(8, 3, 2)
+    assert short_block_advice(8, 0, None) is None  # k = 0: plain decoding

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows"]
+__all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows", "rule_slots", "pad_drafts", "short_block_advice"]
 
 NO_DRAFT = -1
 
@@ -42,6 +42,44 @@ def cut_drafts(token_ids: torch.Tensor, length: int,
     if keep is not None:
         cut &= ~keep.to(token_ids.device)[:, None]
     return token_ids.masked_fill(cut, NO_DRAFT)
+
+
+def rule_slots(num_slots: int, length: int | None) -> int:
+    """How many of a block's `num_slots` slots the rule has to draft: the first `length` where
+    the rest are cut anyway. The drafter still runs over the whole block (k = block_size - 1
+    queries is the layout it was trained on; a shorter block drafts worse, docs/serving.md),
+    but the rule's LM head and head run only over the slots vLLM will verify."""
+    return num_slots if length is None else min(num_slots, length)
+
+
+def short_block_advice(block_size: int, k: int, rule_draft_length: int | None) -> str | None:
+    """Why and how to serve a DFlash drafter at its trained block, or None where it already is.
+
+    vLLM's DFlash path queries [anchor, mask x k]. A drafter trained on blocks of `block_size`
+    attends over all of its block's queries, so a shorter block is an input it never saw: on
+    SmolLM2's round-3 drafter, k = 3 instead of 7 queries cost 6% of served tau at the same 3
+    verified tokens (docs/serving.md)."""
+    if block_size < 2 or k <= 0 or k >= block_size - 1:
+        return None
+    kept = k if rule_draft_length is None else rule_draft_length
+    return (f"num_speculative_tokens = {k} queries a block of {k + 1} from a drafter trained on "
+            f"blocks of {block_size}, which drafts worse; serve num_speculative_tokens = "
+            f"{block_size - 1} with liliprop rule_draft_length = {kept}: the drafter then queries "
+            f"its trained block and vLLM still verifies {kept} tokens a step")
+
+
+def pad_drafts(token_ids: torch.Tensor, probs: torch.Tensor | None,
+               num_slots: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A rule's drafts [B, L] (and distributions [B, L, V]) widened to the block's `num_slots`
+    slots: NO_DRAFT tokens and zero distributions in the slots it did not draft, which the
+    runner cuts before anything reads them. No host reads."""
+    missing = num_slots - token_ids.shape[1]
+    if missing <= 0:
+        return token_ids, probs
+    token_ids = torch.nn.functional.pad(token_ids, (0, missing), value=NO_DRAFT)
+    if probs is not None:
+        probs = torch.nn.functional.pad(probs, (0, 0, 0, missing))
+    return token_ids, probs
 
 
 def trim_rows(rows: list[list[int]]) -> list[list[int]]:

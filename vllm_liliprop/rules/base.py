@@ -84,16 +84,23 @@ def argmax_drafts(inputs: DraftInputs) -> torch.Tensor:
 class ArgmaxRule:
     """No head: exactly the drafter's argmax (used when only walk/sampling options are set).
 
-    Its fallback is itself, so flagging rows changes no draft; it makes a drafter that yields
-    NaN/+inf show up in the proposer's fault count like any head would."""
+    Over a reduced draft vocabulary it takes the argmax there, in fp32, as the proposer's own
+    greedy path does (vllm/draft_greedy.py): the same tokens without scattering every slot's
+    logits into the full vocabulary. Its fallback is itself, so flagging rows changes no draft;
+    it makes a drafter that yields NaN/+inf show up in the proposer's fault count like any head
+    would."""
 
     name = "argmax"
 
+    def __init__(self, vocab_ids: torch.Tensor | None = None):
+        self.vocab_ids = vocab_ids  # ascending target ids of the draft vocabulary, or None
+
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        b, s, h = inputs.hidden.shape
-        logits = inputs.compute_logits(inputs.hidden.reshape(b * s, h)).view(b, s, -1)
+        logits = scored_logits(inputs, self.vocab_ids)
         ids = logits.argmax(-1)
         faulty = non_finite_rows(logits, chosen=logits.gather(-1, ids.unsqueeze(-1)))
+        if self.vocab_ids is not None:
+            ids = self.vocab_ids[ids]
         return DraftOutput(ids, faulty_rows=faulty, fallback_ids=ids)
 
 

@@ -43,7 +43,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
-from vllm_liliprop.draft_length import NO_DRAFT, cut_drafts
+from vllm_liliprop.draft_length import NO_DRAFT, cut_drafts, pad_drafts, rule_slots, short_block_advice
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -220,6 +220,7 @@ class LiliPropProposer(DFlashProposer):
         self._draft_argmax = DraftVocabArgmax.for_model(
             self.model, vllm_paths=self.use_local_argmax_reduction or self.use_heterogeneous_vocab
         )
+        self._advise_trained_block()
         if self.liliprop_options is None:
             return
         language_model = _target_language_model(target_model)
@@ -398,6 +399,14 @@ class LiliPropProposer(DFlashProposer):
         self.num_context_only_steps += 1
         return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
 
+    def _advise_trained_block(self) -> None:
+        if self.anchor_layout:  # DSpark's anchor layout queries k tokens by design
+            return
+        advice = short_block_advice(int(self.dflash_config.get("block_size", 0) or 0),
+                                    self._max_k, self._rule_draft_length)
+        if advice is not None:
+            logger.warning("vllm-liliprop: %s (docs/serving.md).", advice)
+
     def _remember_anchor_state(self, context_states, cad, num_rejected) -> None:
         # In padded mode the context still holds the rejected slots: the last verified token of
         # request b sits at query_start_loc[b+1] - 1 - num_rejected[b].
@@ -486,8 +495,10 @@ class LiliPropProposer(DFlashProposer):
             return super()._sample_draft_tokens(hidden_states, sampling_metadata)
         batch = self._anchor_ids.shape[0]
         self.num_draft_rows += batch
+        hidden = hidden_states.view(batch, -1, hidden_states.shape[-1])
+        slots = hidden.shape[1]
         inputs = DraftInputs(
-            hidden=hidden_states.view(batch, -1, hidden_states.shape[-1]),
+            hidden=hidden[:, :rule_slots(slots, self._rule_draft_length)],
             anchor_ids=self._anchor_ids.long(),
             compute_logits=self.model.compute_logits,
             embed=self._embedding,
@@ -504,13 +515,13 @@ class LiliPropProposer(DFlashProposer):
                 self._warn_fault("raised", exc_info=True)
             self.num_rule_faults_raised += batch
             self.num_rule_raises += 1
-            token_ids, _ = self._with_lookup(argmax_drafts(inputs), None)
+            token_ids, _ = self._with_lookup(pad_drafts(argmax_drafts(inputs), None, slots)[0], None)
             return token_ids.reshape(-1), None
-        token_ids, probs = self._with_lookup(token_ids, probs)
+        token_ids, probs = self._with_lookup(*pad_drafts(token_ids, probs, slots))
         if output.faulty_rows is not None:
             self._faulty_rows.add(output.faulty_rows)
         if output.fallback_ids is not None:  # every built-in rule hands over the argmax
-            self._track_acceptance("remember", token_ids, output.fallback_ids)
+            self._track_acceptance("remember", token_ids, pad_drafts(output.fallback_ids, None, slots)[0])
         if probs is not None:
             probs = probs.reshape(-1, probs.shape[-1])
         return token_ids.reshape(-1), probs

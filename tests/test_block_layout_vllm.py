@@ -1,0 +1,38 @@
+"""The drafter's block layout in real vLLM engines: vLLM's DFlash path queries [anchor, mask x k],
+so k = 3 gives a block-8 drafter a block of 4 it was never trained on. Served at k = 7 with
+`rule_draft_length = 3`, the drafter queries its whole trained block while the rule drafts, and the
+target verifies, only the first 3 slots (docs/serving.md, "The drafter's block")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine import generate, plain32, recording
+
+pytestmark = pytest.mark.vllm
+
+
+def _first_step(tiny_models, k, options):
+    records = []
+    ids, counters, _ = generate(tiny_models["target"], tiny_models["draft"], num_spec=k,
+                                options=options, prepare=recording(records))
+    return ids, counters, records
+
+
+def test_a_cut_block_keeps_the_trained_layout_and_verifies_only_the_kept_slots(tiny_models, stock):
+    ids, counters, cut = _first_step(tiny_models, 7, {"rule": "argmax", "rule_draft_length": 3})
+    assert ids == plain32(stock)
+    # The rule saw, and vLLM verified, 3 slots a draft.
+    assert {tuple(step["hidden"].shape[1:2]) for step in cut} == {(3,)}
+    assert counters.num_draft_tokens == 3 * counters.num_drafts > 0
+    assert all(v == 0 for v in counters.accepted_per_pos[3:])
+
+    _, _, whole = _first_step(tiny_models, 7, {"rule": "argmax"})
+    _, _, short = _first_step(tiny_models, 3, {"rule": "argmax"})
+    # First draft step: every engine has the same context. The kept slots are the whole
+    # block's first 3 (same queries, same attention); the block of 4 is another computation.
+    first_cut, first_whole, first_short = cut[0]["hidden"], whole[0]["hidden"][:, :3], short[0]["hidden"]
+    assert first_cut.shape == first_whole.shape == first_short.shape
+    torch.testing.assert_close(first_cut, first_whole)
+    assert not torch.allclose(first_cut, first_short, atol=1e-3)
