@@ -121,3 +121,38 @@ def test_first_slots_measures_what_k_slots_serve(store, tmp_path):
     head, curve = train_head(recipe, cut, cut, embed, load_dflash(TINY / "drafts" / "dflash").config, tmp_path,
                              progress=False)
     assert curve[-1] == {**curve[-1], **lattice_metrics(head, cut, embed)}
+
+
+def test_a_warm_start_begins_where_its_export_ended_and_slot_weights_pick_the_slots(store, tmp_path):
+    """train.init starts from an exported LiLiCorr draft's head (its step-0 row is the export's
+    metrics); loss.slot_weights weights each slot's term: all ones is the plain slot mean, and
+    weight on slot 0 alone is slot 0's term alone."""
+    from training.export import export_lilicorr
+    from training.train_head import head_loss, walk_scores
+
+    out, _, target = store
+    blocks = load_store(out)
+    drafter = load_dflash(TINY / "drafts" / "dflash")
+    lattice = {"candidate_topk": 4, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "factor_dim": 16}
+    recipe = {"lattice": lattice, "train": {"steps": 20, "batch_blocks": 16, "lr": 3e-3, "eval_every": 20}}
+    embed = target.get_input_embeddings().weight.detach()
+    (tmp_path / "a").mkdir()
+    head, curve = train_head(recipe, blocks, blocks, embed, drafter.config, tmp_path / "a", progress=False)
+    export_lilicorr(tmp_path / "draft", drafter, head.float(), torch.float32)
+    warm = {**recipe, "train": {**recipe["train"], "steps": 1, "lr": 0.0, "init": str(tmp_path / "draft")}}
+    (tmp_path / "b").mkdir()
+    _, warm_curve = train_head(warm, blocks, blocks, embed, drafter.config, tmp_path / "b", progress=False)
+    assert {k: warm_curve[0][k] for k in ("walk_tau", "headroom_share")} == \
+        {k: curve[-1][k] for k in ("walk_tau", "headroom_share")}
+
+    rows = torch.arange(blocks["targets"].shape[0])
+    start, pairs, ids = walk_scores(head, None, blocks, rows, 4, embed)
+    targets, logq = blocks["targets"].long(), blocks["target_logq"][:, :, :4]
+    slots = ids.shape[1]
+    plain = head_loss(start, pairs, ids, targets, logq, {})
+    ones = head_loss(start, pairs, ids, targets, logq, {"slot_weights": [1.0] * slots})
+    torch.testing.assert_close(ones["loss"], plain["loss"])
+    first = head_loss(start, pairs, ids, targets, logq, {"slot_weights": [1.0] + [0.0] * (slots - 1)})
+    alone = head_loss(start[:, :], pairs[:, :0], ids[:, :1], targets[:, :1], logq[:, :1], {})
+    torch.testing.assert_close(first["loss"], alone["loss"])
+    assert not torch.allclose(first["loss"], plain["loss"])

@@ -159,11 +159,17 @@ def slot_logits(start: torch.Tensor, pairs: torch.Tensor, gt_index: torch.Tensor
     return torch.cat([start.unsqueeze(1), rows], dim=1)
 
 
-def _masked_mean(per_slot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over masked entries; zero (still attached to the graph) when none are masked."""
-    count = mask.sum()
-    total = torch.where(mask, per_slot, torch.zeros_like(per_slot)).sum()
-    return total / count.clamp(min=1).to(total.dtype)
+def _masked_mean(per_slot: torch.Tensor, mask: torch.Tensor,
+                 slot_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over masked entries, weighted per slot by `slot_weights` [S] if given (sum of w_s x
+    term over the sum of w_s); zero (still attached to the graph) when none are masked."""
+    if slot_weights is None:
+        count = mask.sum()
+        total = torch.where(mask, per_slot, torch.zeros_like(per_slot)).sum()
+        return total / count.clamp(min=1).to(total.dtype)
+    weight = torch.where(mask, slot_weights.to(per_slot.device, per_slot.dtype), 0.0)
+    total = (weight * torch.where(mask, per_slot, torch.zeros_like(per_slot))).sum()
+    return total / weight.sum().clamp(min=1e-12)
 
 
 def _supervised_log_probs(
@@ -177,7 +183,8 @@ def _supervised_log_probs(
 
 
 def reranker_ce(
-    start: torch.Tensor, pairs: torch.Tensor, gt_index: torch.Tensor, mask: torch.Tensor
+    start: torch.Tensor, pairs: torch.Tensor, gt_index: torch.Tensor, mask: torch.Tensor,
+    slot_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """L_CE of Eq. (3): mean over masked slots of -log P(c_s = g_s | c_{s-1} = g_{s-1}).
 
@@ -186,7 +193,7 @@ def reranker_ce(
     """
     _, log_probs, gt = _supervised_log_probs(start, pairs, gt_index, mask)
     nll = -log_probs.gather(-1, gt).squeeze(-1)
-    return _masked_mean(nll, mask)
+    return _masked_mean(nll, mask, slot_weights)
 
 
 def distractor_penalty(
@@ -195,6 +202,7 @@ def distractor_penalty(
     gt_index: torch.Tensor,
     target_logq: torch.Tensor,
     mask: torch.Tensor,
+    slot_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """L_dist of Eq. (4)-(5): mean over masked slots of sum_k P(k) relu(log q_g - log q_k).
 
@@ -206,7 +214,7 @@ def distractor_penalty(
     logq = target_logq.detach().float()
     cost = F.relu(logq.gather(-1, gt) - logq)
     penalty = (log_probs.exp() * cost).sum(dim=-1)
-    return _masked_mean(penalty, mask)
+    return _masked_mean(penalty, mask, slot_weights)
 
 
 def margin_hinge(
@@ -215,15 +223,16 @@ def margin_hinge(
     gt_index: torch.Tensor,
     mask: torch.Tensor,
     rho: float,
+    slot_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """L_margin of Eq. (13): mean over masked slots of relu(rho - (z_g - max_{k != g} z_k))."""
     logits, _, gt = _supervised_log_probs(start, pairs, gt_index, mask)
     if logits.shape[-1] == 1:  # a single candidate has no competitor: the gap is infinite
-        return _masked_mean(torch.zeros_like(logits[..., 0]), mask) + 0.0 * logits.sum()
+        return _masked_mean(torch.zeros_like(logits[..., 0]), mask, slot_weights) + 0.0 * logits.sum()
     is_gt = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, gt, True)
     best_other = logits.masked_fill(is_gt, float("-inf")).amax(dim=-1)
     gap = logits.gather(-1, gt).squeeze(-1) - best_other
-    return _masked_mean(F.relu(rho - gap), mask)
+    return _masked_mean(F.relu(rho - gap), mask, slot_weights)
 
 
 def dflash_ce(

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from training.export import export_lilicorr, load_dflash
+from training.export import export_lilicorr, load_dflash, load_lilicorr
 from training.head_store import first_slots, load_store
 from training.losses import distractor_penalty, ground_truth_index, margin_hinge, oracle_prefix_mask, reranker_ce
 from training.headroom_metrics import headroom_metrics
@@ -70,16 +70,20 @@ def walk_scores(head, prior: torch.Tensor | None, store: dict, rows: torch.Tenso
 
 
 def head_loss(start, pairs, ids, targets, target_logq, loss: dict) -> dict[str, torch.Tensor]:
-    """Eq. 7's reranker terms: (1 - mu) CE + lambda distractor + mu margin, on oracle prefixes."""
+    """Eq. 7's reranker terms: (1 - mu) CE + lambda distractor + mu margin, on oracle prefixes;
+    each a slot mean, weighted by `loss.slot_weights` (one per slot, e.g. more on the slots a
+    k = 3 engine verifies) where the recipe gives them."""
     oracle, gt = oracle_prefix_mask(ids, targets), ground_truth_index(ids, targets)
-    terms = {"ce": reranker_ce(start, pairs, gt, oracle)}
+    weights = loss.get("slot_weights")
+    weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)[: ids.shape[1]]
+    terms = {"ce": reranker_ce(start, pairs, gt, oracle, weights)}
     mu, lam = loss.get("margin_blend", 0.0), loss.get("distractor", 1.0)
     total = (1 - mu) * terms["ce"]
     if lam > 0:
-        terms["distractor"] = distractor_penalty(start, pairs, gt, target_logq, oracle)
+        terms["distractor"] = distractor_penalty(start, pairs, gt, target_logq, oracle, weights)
         total = total + lam * terms["distractor"]
     if mu > 0:
-        terms["margin"] = margin_hinge(start, pairs, gt, oracle, loss.get("margin", 2.0))
+        terms["margin"] = margin_hinge(start, pairs, gt, oracle, loss.get("margin", 2.0), weights)
         total = total + mu * terms["margin"]
     terms["loss"] = total
     return terms
@@ -120,6 +124,8 @@ def train_head(recipe: dict, store: dict, heldout: dict, embed: torch.Tensor, dr
     torch.manual_seed(spec.get("seed", 0))
     generator = torch.Generator().manual_seed(spec.get("seed", 0))
     head = build_lattice(recipe.get("lattice", {}), drafter_config)
+    if spec.get("init"):  # a warm start: an exported LiLiCorr draft's head, same geometry
+        head.load_state_dict(load_lilicorr(spec["init"])[1].state_dict(), strict=True)
     k, steps, n = head.config.candidate_topk, int(spec["steps"]), store["targets"].shape[0]
     decay = [p for name, p in head.named_parameters() if p.dim() >= 2 and "embedding" not in name]
     rest = [p for name, p in head.named_parameters() if not (p.dim() >= 2 and "embedding" not in name)]

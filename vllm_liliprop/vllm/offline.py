@@ -214,11 +214,15 @@ class OfflineEngine:
 
     def serving(self) -> str:
         """What this engine serves, read back from vLLM's config: the dtype and the k drafted at
-        each batch size up to max_num_seqs (k = 0: plain decoding steps), e.g.
-        "dtype bfloat16, k 3 at batch 1-4, 0 at batch 5-16"."""
+        each batch size up to max_num_seqs (k = 0: plain decoding steps), and how many tokens of
+        the rule's block vLLM verifies where `rule_draft_length` cuts it, e.g.
+        "dtype bfloat16, k 3 at batch 1-4, 0 at batch 5-16" or "dtype bfloat16, k 7 at batch 1, 3
+        verified (rule_draft_length)"."""
         config = self._engine().vllm_config
         dtype = str(config.model_config.dtype).removeprefix("torch.")
-        return f"dtype {dtype}, k {describe_k(k_by_batch_size(config.speculative_config, self.max_num_seqs))}"
+        served = f"dtype {dtype}, k {describe_k(k_by_batch_size(config.speculative_config, self.max_num_seqs))}"
+        cut = (self.liliprop_options or {}).get("rule_draft_length")
+        return served if cut is None else f"{served}, {cut} verified (rule_draft_length)"
 
     def counters(self) -> SpecDecodeCounters:
         """This engine's counters since it started (engine_counters.py: several engines may be open)."""
