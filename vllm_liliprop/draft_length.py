@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows", "rule_slots", "pad_drafts", "short_block_advice"]
+__all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows", "rule_slots", "pad_drafts",
+           "short_block_advice"]
 
 NO_DRAFT = -1
 
