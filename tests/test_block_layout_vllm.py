@@ -13,7 +13,8 @@ from tests.engine import generate, plain32, recording
 pytestmark = pytest.mark.vllm
 
 
-def _first_step(tiny_models, k, options):
+def _served(tiny_models, k, options):
+    """(output ids, counters, what the rule saw at each draft step) of one greedy engine."""
     records = []
     ids, counters, _ = generate(tiny_models["target"], tiny_models["draft"], num_spec=k,
                                 options=options, prepare=recording(records))
@@ -21,15 +22,15 @@ def _first_step(tiny_models, k, options):
 
 
 def test_a_cut_block_keeps_the_trained_layout_and_verifies_only_the_kept_slots(tiny_models, stock):
-    ids, counters, cut = _first_step(tiny_models, 7, {"rule": "argmax", "rule_draft_length": 3})
+    ids, counters, cut = _served(tiny_models, 7, {"rule": "argmax", "rule_draft_length": 3})
     assert ids == plain32(stock)
     # The rule saw, and vLLM verified, 3 slots a draft.
     assert {tuple(step["hidden"].shape[1:2]) for step in cut} == {(3,)}
     assert counters.num_draft_tokens == 3 * counters.num_drafts > 0
     assert all(v == 0 for v in counters.accepted_per_pos[3:])
 
-    _, _, whole = _first_step(tiny_models, 7, {"rule": "argmax"})
-    _, _, short = _first_step(tiny_models, 3, {"rule": "argmax"})
+    _, _, whole = _served(tiny_models, 7, {"rule": "argmax"})
+    _, _, short = _served(tiny_models, 3, {"rule": "argmax"})
     # First draft step: every engine has the same context. The kept slots are the whole
     # block's first 3 (same queries, same attention); the block of 4 is another computation.
     first_cut, first_whole, first_short = cut[0]["hidden"], whole[0]["hidden"][:, :3], short[0]["hidden"]

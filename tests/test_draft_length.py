@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from vllm_liliprop.draft_length import NO_DRAFT, check_draft_length, cut_drafts, pad_drafts, rule_slots, short_block_advice, trim_rows
+from vllm_liliprop.draft_length import (NO_DRAFT, check_draft_length, cut_drafts, pad_drafts, rule_slots,
+                                        short_block_advice, trim_rows)
 from vllm_liliprop.options import OptionError, resolve_options
 
 
@@ -38,6 +39,7 @@ def test_the_option_is_checked_where_it_is_read():
 
 def test_the_rule_drafts_only_the_slots_kept_and_is_padded_back():
     assert rule_slots(7, None) == 7 and rule_slots(7, 3) == 3 and rule_slots(2, 3) == 2
+    assert rule_slots(7, 0) == 1  # a head needs a slot; length 0 is cut whole afterwards
     ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
     probs = torch.rand(2, 3, 11)
     wide, wide_probs = pad_drafts(ids, probs, 5)

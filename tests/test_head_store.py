@@ -153,6 +153,6 @@ def test_a_warm_start_begins_where_its_export_ended_and_slot_weights_pick_the_sl
     ones = head_loss(start, pairs, ids, targets, logq, {"slot_weights": [1.0] * slots})
     torch.testing.assert_close(ones["loss"], plain["loss"])
     first = head_loss(start, pairs, ids, targets, logq, {"slot_weights": [1.0] + [0.0] * (slots - 1)})
-    alone = head_loss(start[:, :], pairs[:, :0], ids[:, :1], targets[:, :1], logq[:, :1], {})
+    alone = head_loss(start, pairs[:, :0], ids[:, :1], targets[:, :1], logq[:, :1], {})
     torch.testing.assert_close(first["loss"], alone["loss"])
     assert not torch.allclose(first["loss"], plain["loss"])

@@ -49,8 +49,9 @@ def rule_slots(num_slots: int, length: int | None) -> int:
     """How many of a block's `num_slots` slots the rule has to draft: the first `length` where
     the rest are cut anyway. The drafter still runs over the whole block (k = block_size - 1
     queries is the layout it was trained on; a shorter block drafts worse, docs/serving.md),
-    but the rule's LM head and head run only over the slots vLLM will verify."""
-    return num_slots if length is None else min(num_slots, length)
+    but the rule's LM head and head run only over the slots vLLM will verify. At least one:
+    a head needs a slot to score, and with length 0 (lookups only) `cut_drafts` drops it."""
+    return num_slots if length is None else min(num_slots, max(length, 1))
 
 
 def short_block_advice(block_size: int, k: int, rule_draft_length: int | None) -> str | None:

@@ -468,7 +468,7 @@ class LiliPropProposer(DFlashProposer):
             ids, found = lookup[0][:, :slots], lookup[1]
             self.num_lookup_rows += int(found.sum())
             token_ids, probs = replace_rows(token_ids, probs, found, ids)
-        if self._rule_draft_length is not None:
+        if self._rule_draft_length is not None:  # the rule drafted rule_slots(); length 0 cuts its one
             token_ids = cut_drafts(token_ids, self._rule_draft_length, found)
         return token_ids, probs
 
