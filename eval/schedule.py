@@ -130,9 +130,23 @@ def acceptance(engine, prompts, render, max_tokens=64, temperature: float = 0.0)
     return list(result.counters.acceptance_rate_per_pos)
 
 
+def verified_top(speculative_config: dict, liliprop: dict | None) -> int:
+    """The largest k worth scheduling: the configured k, or `rule_draft_length` where that cuts
+    every draft (no prompt lookup, whose rows keep all k). Served at k = 7 with 3 verified, a
+    scheduled k of 4..7 verifies the same 3 tokens as k = 3, at the same cost: the proposer
+    queries the drafter's whole block at every k (draft_length.queried_masks)."""
+    top = int(speculative_config["num_speculative_tokens"])
+    options = liliprop or {}
+    length = options.get("rule_draft_length")
+    if length is None or options.get("prompt_lookup") is not None:
+        return top
+    return min(top, int(length))
+
+
 def arms(systems) -> list[tuple[str, int]]:
-    """(engine name, k) of every timed arm: plain decoding, then each system at k = K..0."""
-    top = {s.name: int(s.speculative_config["num_speculative_tokens"]) for s in systems}
+    """(engine name, k) of every timed arm: plain decoding, then each system at k = K..0, K its
+    verified_top."""
+    top = {s.name: verified_top(s.speculative_config, s.liliprop) for s in systems}
     return [(BASELINE, 0)] + [(name, k) for name, K in top.items() for k in range(K, -1, -1)]
 
 
@@ -193,7 +207,7 @@ def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
 def sampled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
     """The system with the plan as its sampled requests' schedule (liliprop.sampled_k); the
     ranges at the system's full k cut nothing and are left out (none left: no sampled_k)."""
-    top = int(entry["speculative_config"]["num_speculative_tokens"])
+    top = verified_top(entry["speculative_config"], entry.get("liliprop"))
     cuts = [r for r in ranges if r[2] < top]
     options = {**(entry.get("liliprop") or {}), **({"sampled_k": cuts} if cuts else {})}
     return dict(entry, **({"liliprop": options} if options else {}),

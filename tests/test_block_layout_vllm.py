@@ -37,3 +37,31 @@ def test_a_cut_block_keeps_the_trained_layout_and_verifies_only_the_kept_slots(t
     assert first_cut.shape == first_whole.shape == first_short.shape
     torch.testing.assert_close(first_cut, first_whole)
     assert not torch.allclose(first_cut, first_short, atol=1e-3)
+
+
+def test_a_schedule_that_verifies_fewer_slots_still_queries_the_trained_block(tiny_models, stock):
+    """A speculation schedule picks k per batch size; at k = 2 below the configured 7 the drafter
+    still queries its block of 8 (draft_length.queried_masks) and vLLM verifies 2."""
+    records, queried = [], []
+
+    def prepare(drafter):
+        recording(records)(drafter)
+        first_pass = drafter.set_inputs_first_pass
+
+        def noting(*args, **kwargs):
+            queried.append(drafter.num_speculative_tokens)
+            return first_pass(*args, **kwargs)
+        drafter.set_inputs_first_pass = noting
+
+    ids, counters, _ = generate(tiny_models["target"], tiny_models["draft"], num_spec=7,
+                                options={"rule": "argmax", "rule_draft_length": 3},
+                                spec_extra={"num_speculative_tokens_per_batch_size": [[1, 256, 2]]},
+                                prepare=prepare)
+    assert ids == plain32(stock)
+    assert counters.num_draft_tokens == 2 * counters.num_drafts > 0
+    assert {tuple(step["hidden"].shape[1:2]) for step in records} == {(2,)}
+    assert set(queried) == {7}
+    # The kept slots are the trained block's: the first draft step equals the unscheduled
+    # engine's first 2 slots (a block of 3 queries would be another computation).
+    _, _, whole = _served(tiny_models, 7, {"rule": "argmax", "rule_draft_length": 3})
+    torch.testing.assert_close(records[0]["hidden"], whole[0]["hidden"][:, :2])

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from vllm_liliprop.draft_length import (NO_DRAFT, check_draft_length, cut_drafts, pad_drafts, rule_slots,
+from vllm_liliprop.draft_length import (NO_DRAFT, check_draft_length, cut_drafts, kept_length, pad_drafts,
+                                        queried_masks, rule_slots,
                                         short_block_advice, trim_rows)
 from vllm_liliprop.options import OptionError, resolve_options
 
@@ -57,3 +58,13 @@ def test_a_block_shorter_than_trained_is_explained_with_the_setting_that_fixes_i
     assert short_block_advice(8, 7, 3) is None
     assert "num_speculative_tokens = 7 with liliprop rule_draft_length = 2" in short_block_advice(8, 3, 2)
     assert short_block_advice(8, 0, None) is None  # k = 0: plain decoding
+
+
+def test_a_scheduled_k_queries_the_trained_block_and_keeps_only_what_is_verified():
+    # block 8, configured k 7: any k > 0 queries the 7 masks; k 0 queries nothing
+    assert [queried_masks(k, 7, 8) for k in range(8)] == [0, 7, 7, 7, 7, 7, 7, 7]
+    assert queried_masks(3, 3, 8) == 3  # vLLM sized its buffers for 3 queries: no more
+    assert queried_masks(11, 11, 8) == 11 and queried_masks(2, 7, 0) == 2
+    assert kept_length(None, 7, 7) is None  # the whole block verified
+    assert kept_length(3, 7, 7) == 3 and kept_length(3, 2, 7) == 2 and kept_length(None, 2, 7) == 2
+    assert kept_length(0, 5, 7) == 0

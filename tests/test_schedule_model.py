@@ -54,3 +54,14 @@ def test_drafting_costs_are_smoothed_to_a_line_in_k():
     assert line == sorted(line) and sum(line) == pytest.approx(sum(noisy[k][16] for k in (1, 3, 5, 7)))
     assert line[1] - line[0] == pytest.approx(line[3] - line[2])
     assert linear_in_k({0: {1: 0.1}, 3: {1: 0.2}}) == {0: {1: 0.1}, 3: {1: 0.2}}
+
+
+def test_a_system_cut_to_fewer_verified_tokens_is_scheduled_up_to_its_cut():
+    from eval.schedule import verified_top
+
+    spec = {"method": "dflash", "num_speculative_tokens": 7}
+    assert verified_top(spec, None) == 7
+    assert verified_top(spec, {"rule": "argmax", "rule_draft_length": 3}) == 3
+    assert verified_top(spec, {"rule_draft_length": 0}) == 0  # drafts nothing: only plain steps
+    # The lookup's rows keep all 7: every k up to 7 verifies something different.
+    assert verified_top(spec, {"rule_draft_length": 3, "prompt_lookup": [2, 4]}) == 7

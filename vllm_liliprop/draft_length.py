@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows", "rule_slots", "pad_drafts",
-           "short_block_advice"]
+           "short_block_advice", "queried_masks", "kept_length"]
 
 NO_DRAFT = -1
 
@@ -52,6 +52,26 @@ def rule_slots(num_slots: int, length: int | None) -> int:
     but the rule's LM head and head run only over the slots vLLM will verify. At least one:
     a head needs a slot to score, and with length 0 (lookups only) `cut_drafts` drops it."""
     return num_slots if length is None else min(num_slots, max(length, 1))
+
+
+def queried_masks(k: int, max_k: int, block_size: int) -> int:
+    """How many masks to query for a step that verifies k drafts: the drafter's trained block
+    (block_size - 1 masks), capped at the configured `max_k` that vLLM sized its buffers and KV
+    lookahead for, and never fewer than k. A speculation schedule picks a k per batch size;
+    a k below the block would query a shorter block than the drafter was trained on, which
+    drafts worse (short_block_advice), so the block stays and only its first k are verified.
+    k = 0 (a plain step) queries nothing."""
+    if k == 0 or block_size < 2:
+        return k
+    return max(k, min(max_k, block_size - 1))
+
+
+def kept_length(rule_draft_length: int | None, verified: int, slots: int) -> int | None:
+    """The slots of a block of `slots` that a step keeps: `rule_draft_length` where set, and no
+    more than the `verified` k a schedule picked where the block was queried longer
+    (queried_masks). None where every slot is kept."""
+    limits = [n for n in (rule_draft_length, verified if verified < slots else None) if n is not None]
+    return min(limits) if limits else None
 
 
 def short_block_advice(block_size: int, k: int, rule_draft_length: int | None) -> str | None:

@@ -43,7 +43,8 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
-from vllm_liliprop.draft_length import NO_DRAFT, cut_drafts, pad_drafts, rule_slots, short_block_advice
+from vllm_liliprop.draft_length import (NO_DRAFT, cut_drafts, kept_length, pad_drafts, queried_masks,
+                                        rule_slots, short_block_advice)
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -187,6 +188,7 @@ class LiliPropProposer(DFlashProposer):
         self.num_context_only_steps = 0  # steps that skipped the drafter's query pass
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
+        self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
@@ -340,11 +342,13 @@ class LiliPropProposer(DFlashProposer):
             looked_up = self._lookup = None  # no row drafts, its lookup's included
         needs_queries = num_speculative_tokens > 0 and looked_up is None and not none_drafts
         if needs_queries or not self.skip_plain_step_queries:
+            self._verified_k = num_speculative_tokens
             drafts = super().propose(
-                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-                slot_mappings=slot_mappings)
+                self._queried_k(num_speculative_tokens), target_token_ids, target_positions,
+                target_hidden_states, next_token_ids, token_indices_to_sample,
+                common_attn_metadata, sampling_metadata, mm_embed_inputs=mm_embed_inputs,
+                num_rejected_tokens_gpu=num_rejected_tokens_gpu, slot_mappings=slot_mappings)
+            drafts = self._verified_part(drafts, num_speculative_tokens)
             return cut_sampled_rows(drafts, sampling_metadata.temperature, sampled_k)
         if none_drafts and self._sampled_skip_context:  # no request here ever reads its context
             self._last_draft_probs = None  # the runner must not verify against an older step's
@@ -365,6 +369,24 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_rows += looked_up.shape[0]
         self.num_lookup_only_steps += 1
         return cut_sampled_rows(looked_up.to(self.device), sampling_metadata.temperature, sampled_k)
+
+    def _queried_k(self, k: int) -> int:
+        """The masks to query for a step that verifies k drafts: with a rule, the drafter's
+        trained block (queried_masks) whatever k a speculation schedule picked at this batch
+        size; without one, vLLM's k (drafts exactly vLLM's)."""
+        if self.draft_rule is None or self.anchor_layout:
+            return k
+        return queried_masks(k, self._max_k, int(self.dflash_config.get("block_size", 0) or 0))
+
+    def _verified_part(self, drafts: torch.Tensor, k: int) -> torch.Tensor:
+        """The first k slots of a block queried longer than k (and of its distributions, which
+        the runner reads next), so the runner sees the [B, k] drafts it scheduled."""
+        self.num_speculative_tokens = k
+        if drafts.shape[1] == k:
+            return drafts
+        if self._last_draft_probs is not None:
+            self._last_draft_probs = self._last_draft_probs[:, :k].contiguous()
+        return drafts[:, :k].contiguous()
 
     def _lookup_for_every_row(self, batch: int, k: int) -> torch.Tensor | None:
         """This step's lookup drafts [batch, k] when the lookup found one for every request
@@ -468,9 +490,15 @@ class LiliPropProposer(DFlashProposer):
             ids, found = lookup[0][:, :slots], lookup[1]
             self.num_lookup_rows += int(found.sum())
             token_ids, probs = replace_rows(token_ids, probs, found, ids)
-        if self._rule_draft_length is not None:  # the rule drafted rule_slots(); length 0 cuts its one
-            token_ids = cut_drafts(token_ids, self._rule_draft_length, found)
+        length = self._kept_length(slots)
+        if length is not None:  # the rule drafted rule_slots(); length 0 cuts its one
+            token_ids = cut_drafts(token_ids, length, found)
         return token_ids, probs
+
+    def _kept_length(self, slots: int) -> int | None:
+        """How many of the rule's `slots` slots this step keeps: rule_draft_length, and no more
+        than the k verified where the block was queried longer (_queried_k); None: all."""
+        return kept_length(self._rule_draft_length, min(self._verified_k, slots), slots)
 
     def _track_acceptance(self, method: str, *args) -> None:
         """Health bookkeeping must never take the engine down: a fault turns it off, logged once."""
@@ -498,7 +526,7 @@ class LiliPropProposer(DFlashProposer):
         hidden = hidden_states.view(batch, -1, hidden_states.shape[-1])
         slots = hidden.shape[1]
         inputs = DraftInputs(
-            hidden=hidden[:, :rule_slots(slots, self._rule_draft_length)],
+            hidden=hidden[:, :rule_slots(slots, self._kept_length(slots))],
             anchor_ids=self._anchor_ids.long(),
             compute_logits=self.model.compute_logits,
             embed=self._embedding,
@@ -521,7 +549,9 @@ class LiliPropProposer(DFlashProposer):
         if output.faulty_rows is not None:
             self._faulty_rows.add(output.faulty_rows)
         if output.fallback_ids is not None:  # every built-in rule hands over the argmax
-            self._track_acceptance("remember", token_ids, pad_drafts(output.fallback_ids, None, slots)[0])
+            verified = min(self._verified_k, slots)  # what the runner keeps (_verified_part)
+            self._track_acceptance("remember", token_ids[:, :verified],
+                                   pad_drafts(output.fallback_ids, None, slots)[0][:, :verified])
         if probs is not None:
             probs = probs.reshape(-1, probs.shape[-1])
         return token_ids.reshape(-1), probs
