@@ -21,7 +21,9 @@ Only these things differ from `DFlashProposer`:
   (draft_length.py);
 - `propose` at k = 0 (a speculation schedule's plain step), and in a hybrid step where every
   request drafts its lookup continuation, writes the step's context K/V and skips the drafter's
-  pass over the queries, whose block would be discarded;
+  pass over the queries, whose block would be discarded; at a k below the configured one (a
+  schedule's pick), a rule's drafter still queries its trained block and keeps the first k slots
+  (draft_length.queried_masks: a shorter block drafts worse);
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
   in fp32, then maps it to target ids: the same tokens as vLLM's scatter-then-argmax, without
   materialising and scanning full-vocabulary bf16 logits (draft_greedy.py).
