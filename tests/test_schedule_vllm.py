@@ -62,7 +62,9 @@ def generate(target, prompts, speculative_config=None, options=None, details=Non
             if details is not None:
                 details.update(counters=SpecDecodeCounters.from_metrics(llm.get_metrics()),
                                query_passes=passes["query"],
-                               context_only=drafter.num_context_only_steps)
+                               context_only=drafter.num_context_only_steps,
+                               deferred=drafter._deferred.num_deferred_tokens,
+                               dropped=drafter._deferred.num_dropped_tokens)
             del llm
     finally:
         LiliPropProposer.propose = original
@@ -155,6 +157,9 @@ def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass
     assert skipped["query_passes"] + skipped["context_only"] == sum(asked.values())
     if "prompt_lookup" in options:
         assert skipped["context_only"] > asked[0]  # steps drafted by the lookup alone
+    # The plain steps' context K/V was written later, at the next drafting pass, and the
+    # requests that finished during plain steps dropped theirs (deferred_context.py).
+    assert skipped["deferred"] > skipped["dropped"] > 0
     full: dict = {}
     LiliPropProposer.skip_plain_step_queries = False
     try:
@@ -165,6 +170,14 @@ def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass
     assert full["context_only"] == 0 and full["query_passes"] == sum(asked.values())
     assert skipped["counters"] == full["counters"], (skipped, full)
     assert full["counters"].num_accepted_tokens > 0
+    at_once: dict = {}
+    LiliPropProposer.defer_plain_step_context = False
+    try:
+        ids_at_once, _ = generate(target, prompts, spec, options, at_once)
+    finally:
+        LiliPropProposer.defer_plain_step_context = True
+    assert ids_at_once == plain and at_once["deferred"] == 0
+    assert at_once["counters"] == skipped["counters"], (at_once, skipped)
 
 
 def test_a_step_without_drafts_samples_as_plain_decoding(tiny_models):

@@ -20,8 +20,9 @@ Only these things differ from `DFlashProposer`:
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
   (draft_length.py);
 - `propose` at k = 0 (a speculation schedule's plain step), and in a hybrid step where every
-  request drafts its lookup continuation, writes the step's context K/V and skips the drafter's
-  pass over the queries, whose block would be discarded; at a k below the configured one (a
+  request drafts its lookup continuation, skips the drafter's pass over the queries, whose block
+  would be discarded, and keeps the step's context for the next pass that writes context, which
+  writes its K/V first (deferred_context.py); at a k below the configured one (a
   schedule's pick), a rule's drafter still queries its trained block and keeps the first k slots
   (draft_length.queried_masks: a shorter block drafts worse);
 - `_greedy_sample` (vLLM's per-slot argmax) takes the argmax over the draft's own vocabulary
@@ -57,6 +58,7 @@ from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_r
 from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at, sampled_never_draft
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
+from vllm_liliprop.vllm.deferred_context import DeferredContext
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
@@ -150,6 +152,9 @@ class LiliPropProposer(DFlashProposer):
     # Steps without a drafter block (k = 0, or every request drafting its lookup) write the
     # context K/V only (False: vLLM's full query pass; tests and tools/step_cost.py compare).
     skip_plain_step_queries = True
+    # Those steps' context K/V written by the next pass that writes context, in one projection
+    # (deferred_context.py; False: at once, every step).
+    defer_plain_step_context = True
 
     def __new__(cls, *args, **kwargs):
         if cls is LiliPropProposer and not liliprop_allowed():
@@ -191,6 +196,8 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
+        self._deferred = DeferredContext()
+        self._step_req_ids: list[str] | None = None  # this step's batch, in order
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
@@ -410,18 +417,47 @@ class LiliPropProposer(DFlashProposer):
         changes no later draft. Returns the empty k = 0 draft."""
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
-        num_tokens, _, _ = self.set_inputs_first_pass(
+        defer = (self.defer_plain_step_context and self._step_req_ids is not None
+                 and len(self._step_req_ids) == cad.batch_size())
+        # The parent's layout of one query per request: its kernel fills the context's
+        # positions and KV slots. Nothing is drafted, so no anchor is remembered.
+        num_tokens, _, _ = DFlashProposer.set_inputs_first_pass(
+            self,
             target_token_ids=target_token_ids,
             next_token_ids=next_token_ids,
             target_positions=target_positions,
-            target_hidden_states=self.model.combine_hidden_states(target_hidden_states),
+            target_hidden_states=(target_hidden_states if defer
+                                  else self.model.combine_hidden_states(target_hidden_states)),
             token_indices_to_sample=None,
             cad=cad,
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
-        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
+        num_context = self._dflash_num_context
+        deferred = defer and self._deferred.add(
+            target_hidden_states, self._context_positions_buffer[:num_context],
+            self._context_slot_mapping_buffer[:num_context],
+            cad.query_start_loc[: cad.batch_size() + 1], self._step_req_ids)
+        if not deferred:
+            if defer:  # the raw states were handed to the parent above
+                self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+            self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
+        elif self._deferred.num_pending > self._deferred.max_tokens:
+            self._write_deferred_context()
         self.num_context_only_steps += 1
         return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
+
+    @override
+    def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
+        self._write_deferred_context()  # older positions first, as they would have been written
+        return super().build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
+
+    def _write_deferred_context(self) -> None:
+        pending = self._deferred.take()
+        if pending is None:
+            return
+        states, positions, slots = pending
+        self.model.precompute_and_store_context_kv(self.model.combine_hidden_states(states),
+                                                   positions, slots)
 
     def _advise_trained_block(self) -> None:
         if self.anchor_layout:  # DSpark's anchor layout queries k tokens by design
@@ -456,6 +492,8 @@ class LiliPropProposer(DFlashProposer):
         batch = sampled_token_ids.shape[0]
         self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
                                gpu_input_batch.req_ids)
+        self._step_req_ids = list(gpu_input_batch.req_ids[:gpu_input_batch.num_reqs])
+        self._deferred.keep_requests(self._step_req_ids)  # before any write: see the module
         if self._lookup_lengths is not None:
             self._lookup = self._look_up(sampled_token_ids, gpu_input_batch, discard_request_mask)
         return result

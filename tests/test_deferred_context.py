@@ -1,0 +1,42 @@
+"""The deferred context of plain steps (vllm_liliprop/vllm/deferred_context.py): pending tokens
+come back oldest first, and a request that left the batch takes its tokens with it."""
+
+import torch
+
+from vllm_liliprop.vllm.deferred_context import DeferredContext
+
+
+def _step(deferred, positions, req_ids, lengths, width=3):
+    n = len(positions)
+    states = torch.arange(n * width, dtype=torch.float32).reshape(n, width) + 100 * positions[0]
+    loc = torch.tensor([0] + lengths).cumsum(0)
+    return deferred.add(states, torch.tensor(positions), torch.tensor(positions) + 1000, loc, req_ids)
+
+
+def test_pending_tokens_come_back_oldest_first_and_once():
+    deferred = DeferredContext()
+    assert deferred.take() is None
+    assert _step(deferred, [5, 9], ["a", "b"], [1, 1])
+    assert _step(deferred, [6, 10, 11], ["a", "b"], [1, 2])
+    assert deferred.num_pending == 5 == deferred.num_deferred_tokens
+    states, positions, slots = deferred.take()
+    assert positions.tolist() == [5, 9, 6, 10, 11] and slots.tolist() == [1005, 1009, 1006, 1010, 1011]
+    assert states.shape == (5, 3) and deferred.take() is None
+
+
+def test_a_request_that_left_the_batch_drops_its_tokens():
+    deferred = DeferredContext()
+    _step(deferred, [5, 9, 20], ["a", "b", "c"], [1, 1, 1])
+    _step(deferred, [6, 21, 22], ["a", "c"], [1, 2])
+    deferred.keep_requests(["c", "a"])  # b finished: its slots may be someone else's now
+    _, positions, _ = deferred.take()
+    assert positions.tolist() == [5, 20, 6, 21, 22] and deferred.num_dropped_tokens == 1
+    _step(deferred, [7], ["a"], [1])
+    deferred.keep_requests(["d"])
+    assert deferred.take() is None and deferred.num_dropped_tokens == 2
+
+
+def test_a_context_that_is_not_exactly_the_requests_tokens_is_not_kept():
+    deferred = DeferredContext()
+    assert not _step(deferred, [5, 9, 10], ["a", "b"], [1, 1])  # one padding token
+    assert deferred.num_pending == 0

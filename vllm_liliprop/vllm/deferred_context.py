@@ -1,0 +1,89 @@
+"""The context K/V of plain steps, written when a draft next needs it instead of at every step.
+
+A speculation schedule's plain step (k = 0) drafts nothing, yet the drafter's context K/V of the
+step's new tokens must exist before any later draft attends over them. Writing it at once costs
+the projection's fixed per-call overhead at every plain step: on SmolLM2 (2 CPU cores) a plain
+step inside a speculative engine ran 1.02-1.07x a plain engine's step at batch 4-32
+(testbed/smollm2/schedule), which caps a schedule that falls back to k = 0 under load below
+plain decoding. So a plain step keeps the step's raw tap states, positions and KV slots here, and
+the first pass that writes context again (a drafting step, or a plain step once `max_tokens` are
+pending) writes them all in one projection, before its own.
+
+The slots are only safe to write while their request holds its blocks: a request missing from a
+step's batch (finished, preempted) may have had its blocks handed to another, so its pending
+tokens are dropped (`keep_requests`, called with every step's batch before anything is written).
+A request that comes back after that recomputes its context in its prefill. Plain torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DeferredContext", "PendingContext"]
+
+
+@dataclass
+class PendingContext:
+    """One plain step's context tokens: raw target states [n, H], positions [n], KV slots [n],
+    the row of each token's request [n] in that step's `req_ids`."""
+
+    states: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    rows: torch.Tensor
+    req_ids: list[str]
+
+
+class DeferredContext:
+    def __init__(self, max_tokens: int = 8192):
+        self.max_tokens = max_tokens
+        self._pending: list[PendingContext] = []
+        self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
+        self.num_dropped_tokens = 0  # of those, tokens dropped with their request
+
+    @property
+    def num_pending(self) -> int:
+        return sum(int(p.positions.shape[0]) for p in self._pending)
+
+    def add(self, states, positions, slots, query_start_loc, req_ids: list[str]) -> bool:
+        """Keep a plain step's context (copies: vLLM reuses these buffers next step);
+        query_start_loc [B + 1] marks each request's tokens. False, keeping nothing, where the
+        context is not exactly those tokens (a padded batch): the caller writes it at once."""
+        lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(positions.device)
+        rows = torch.repeat_interleave(torch.arange(len(req_ids), device=positions.device), lengths)
+        if rows.shape[0] != positions.shape[0] or states.shape[0] != positions.shape[0]:
+            return False
+        self._pending.append(PendingContext(states.clone(), positions.clone(), slots.clone(),
+                                            rows, list(req_ids)))
+        self.num_deferred_tokens += int(positions.shape[0])
+        return True
+
+    def keep_requests(self, req_ids: list[str]) -> None:
+        """Drop the pending tokens of every request not in this step's batch."""
+        present = set(req_ids)
+        kept = []
+        for entry in self._pending:
+            here = [rid in present for rid in entry.req_ids]
+            if all(here):
+                kept.append(entry)
+                continue
+            mask = torch.tensor(here, device=entry.rows.device)[entry.rows]
+            self.num_dropped_tokens += int((~mask).sum())
+            if bool(mask.any()):
+                kept.append(PendingContext(entry.states[mask], entry.positions[mask],
+                                           entry.slots[mask], entry.rows[mask], entry.req_ids))
+        self._pending = kept
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(states, positions, slots) of every pending token, oldest first, and forget them;
+        None when nothing is pending."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return None
+        return tuple(torch.cat([getattr(p, name) for p in pending])
+                     for name in ("states", "positions", "slots"))
+
+    def clear(self) -> None:
+        self._pending = []
