@@ -66,6 +66,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="time and accept at this temperature; > 0 plans the k of sampled requests "
                         "(written as liliprop.sampled_k of <name>+sampled-k)")
+    p.add_argument("--margin", type=float, default=0.05, help="draft (k > 0) at a batch size only "
+                   "where the model predicts more than this fraction over a plain step (default 0.05)")
     p.add_argument("--from-measurements", metavar="FILE", help="plan from a measurements file an earlier "
                    "run wrote (<out>.measurements.json) instead of timing this host again")
     p.add_argument("--out", required=True, help="systems file to write")
@@ -273,6 +275,8 @@ def command(args) -> int:
     tokens = _ints(args.tokens, "--tokens")
     if len(tokens) != 2 or tokens[0] >= tokens[1]:
         raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
+    if not 0 <= args.margin < 1:
+        raise ValueError(f"--margin {args.margin} must be a fraction in [0, 1), e.g. 0.05")
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0 (0: greedy requests' schedule)")
     max_batch = args.max_batch or max(batch_sizes)
@@ -296,11 +300,12 @@ def command(args) -> int:
     record = {"dtype": flags["dtype"], "temperature": earlier.get("temperature", 0.0) if earlier
               else args.temperature, "batch_sizes": batch_sizes, "tokens": tokens,
               "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
+              "margin": args.margin,
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     for system in systems:
         measured = medians(times[system.name])
         costs = schedule_model.linear_in_k(measured)
-        ranges = schedule_model.schedule(accepted[system.name], costs, max_batch)
+        ranges = schedule_model.schedule(accepted[system.name], costs, max_batch, args.margin)
         summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
         log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted[system.name]]}; "
             f"schedule {summary}")

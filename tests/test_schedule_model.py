@@ -65,3 +65,13 @@ def test_a_system_cut_to_fewer_verified_tokens_is_scheduled_up_to_its_cut():
     assert verified_top(spec, {"rule_draft_length": 0}) == 0  # drafts nothing: only plain steps
     # The lookup's rows keep all 7: every k up to 7 verifies something different.
     assert verified_top(spec, {"rule_draft_length": 3, "prompt_lookup": [2, 4]}) == 7
+
+
+def test_a_margin_keeps_plain_steps_where_drafting_is_predicted_to_gain_little():
+    accepted = [0.45, 0.16, 0.08]
+    # batch 16: k = 3 predicted 4% over k = 0 (1.69 tokens a step for 1.625x the cost)
+    costs = {0: {16: 0.040}, 1: {16: 0.056}, 2: {16: 0.063}, 3: {16: 0.065}}
+    assert best_k(accepted, costs, 16) == 3
+    assert best_k(accepted, costs, 16, margin=0.05) == 0
+    assert best_k(accepted, costs, 16, margin=0.03) == 3
+    assert schedule(accepted, costs, 4, margin=0.05) == [[1, 4, 0]]
