@@ -71,6 +71,15 @@ def generate(target, prompts, speculative_config=None, options=None, details=Non
     return [list(o.outputs[0].token_ids) for o in outputs], asked
 
 
+def generate_without(setting: str, *args):
+    """generate() with the proposer's class switch `setting` turned off for this one engine."""
+    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LiliPropProposer, setting, False)
+        return generate(*args)
+
+
 def scheduled(method, draft):
     return {"method": method, "model": str(draft), "num_speculative_tokens": 3,
             "num_speculative_tokens_per_batch_size": SCHEDULE}
@@ -139,11 +148,10 @@ def copying_prompts(target):
 def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass(
         smollm2_prompts, options):
     """At k = 0, and where every request drafts its lookup continuation, the proposer only
-    stores the step's context K/V: the drafter's query pass runs at the other steps alone, and
-    every later draft is the one vLLM's full pass leads to (the shipped drafter reads its
-    context, so the acceptance counters would move otherwise)."""
-    from vllm_liliprop.vllm.proposer import LiliPropProposer
-
+    keeps the step's context, whose K/V the next drafting pass writes: the drafter's query pass
+    runs at the other steps alone, and every later draft is the one vLLM's full pass leads to,
+    and the one writing the K/V at once leads to (the shipped drafter reads its context, so the
+    acceptance counters would move otherwise)."""
     target, prompts, plain = smollm2_prompts
     if "prompt_lookup" in options:  # replies that copy their prompt, so lookups match
         prompts, plain = copying_prompts(target)
@@ -161,21 +169,15 @@ def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass
     # requests that finished during plain steps dropped theirs (deferred_context.py).
     assert skipped["deferred"] > skipped["dropped"] > 0
     full: dict = {}
-    LiliPropProposer.skip_plain_step_queries = False
-    try:
-        ids_full, asked_full = generate(target, prompts, spec, options, full)
-    finally:
-        LiliPropProposer.skip_plain_step_queries = True
+    ids_full, asked_full = generate_without("skip_plain_step_queries", target, prompts, spec,
+                                            options, full)
     assert ids_full == plain and asked_full == asked
     assert full["context_only"] == 0 and full["query_passes"] == sum(asked.values())
     assert skipped["counters"] == full["counters"], (skipped, full)
     assert full["counters"].num_accepted_tokens > 0
     at_once: dict = {}
-    LiliPropProposer.defer_plain_step_context = False
-    try:
-        ids_at_once, _ = generate(target, prompts, spec, options, at_once)
-    finally:
-        LiliPropProposer.defer_plain_step_context = True
+    ids_at_once, _ = generate_without("defer_plain_step_context", target, prompts, spec, options,
+                                      at_once)
     assert ids_at_once == plain and at_once["deferred"] == 0
     assert at_once["counters"] == skipped["counters"], (at_once, skipped)
 
