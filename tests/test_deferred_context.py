@@ -29,11 +29,15 @@ def test_a_request_that_left_the_batch_drops_its_tokens():
     _step(deferred, [5, 9, 20], ["a", "b", "c"], [1, 1, 1])
     _step(deferred, [6, 21, 22], ["a", "c"], [1, 2])
     deferred.keep_requests(["c", "a"])  # b finished: its slots may be someone else's now
+    assert deferred.num_pending == 5
     _, positions, _ = deferred.take()
     assert positions.tolist() == [5, 20, 6, 21, 22] and deferred.num_dropped_tokens == 1
+    assert deferred.num_pending == 0
     _step(deferred, [7], ["a"], [1])
+    deferred.keep_requests(["c", "a"])  # the same batch as before: nobody left
+    assert deferred.num_pending == 1
     deferred.keep_requests(["d"])
-    assert deferred.take() is None and deferred.num_dropped_tokens == 2
+    assert deferred.take() is None and deferred.num_dropped_tokens == 2 and deferred.num_pending == 0
 
 
 def test_a_context_that_is_not_exactly_the_requests_tokens_is_not_kept():

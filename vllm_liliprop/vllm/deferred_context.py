@@ -40,12 +40,10 @@ class DeferredContext:
     def __init__(self, max_tokens: int = 8192):
         self.max_tokens = max_tokens
         self._pending: list[PendingContext] = []
+        self._batch: list[str] = []  # the last batch keep_requests saw
+        self.num_pending = 0  # tokens waiting for their K/V write
         self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
         self.num_dropped_tokens = 0  # of those, tokens dropped with their request
-
-    @property
-    def num_pending(self) -> int:
-        return sum(int(p.positions.shape[0]) for p in self._pending)
 
     def add(self, states, positions, slots, query_start_loc, req_ids: list[str]) -> bool:
         """Keep a plain step's context (copies: vLLM reuses these buffers next step);
@@ -57,11 +55,16 @@ class DeferredContext:
             return False
         self._pending.append(PendingContext(states.clone(), positions.clone(), slots.clone(),
                                             rows, list(req_ids)))
+        self.num_pending += int(positions.shape[0])
         self.num_deferred_tokens += int(positions.shape[0])
         return True
 
     def keep_requests(self, req_ids: list[str]) -> None:
-        """Drop the pending tokens of every request not in this step's batch."""
+        """Drop the pending tokens of every request not in this step's batch. Called every
+        step, so an unchanged batch (nobody left) returns at once."""
+        unchanged, self._batch = req_ids == self._batch, list(req_ids)
+        if unchanged or not self._pending:
+            return
         present = set(req_ids)
         kept = []
         for entry in self._pending:
@@ -70,7 +73,9 @@ class DeferredContext:
                 kept.append(entry)
                 continue
             mask = torch.tensor(here, device=entry.rows.device)[entry.rows]
-            self.num_dropped_tokens += int((~mask).sum())
+            dropped = int((~mask).sum())
+            self.num_dropped_tokens += dropped
+            self.num_pending -= dropped
             if bool(mask.any()):
                 kept.append(PendingContext(entry.states[mask], entry.positions[mask],
                                            entry.slots[mask], entry.rows[mask], entry.req_ids))
@@ -82,8 +87,6 @@ class DeferredContext:
         pending, self._pending = self._pending, []
         if not pending:
             return None
+        self.num_pending = 0
         return tuple(torch.cat([getattr(p, name) for p in pending])
                      for name in ("states", "positions", "slots"))
-
-    def clear(self) -> None:
-        self._pending = []

@@ -411,8 +411,9 @@ class LiliPropProposer(DFlashProposer):
     def _store_context_only(self, target_token_ids, target_positions, target_hidden_states,
                             next_token_ids, cad, num_rejected_tokens_gpu) -> torch.Tensor:
         """A step that needs no drafter block (k = 0, a speculation schedule's plain step; or
-        every request drafting its lookup continuation): only the step's context K/V is
-        written, so that later drafts see it. vLLM's parent would also run the drafter over the
+        every request drafting its lookup continuation): only the step's context is kept, its
+        K/V written by the next pass that writes context (deferred_context.py; at once where it
+        cannot be kept), so that later drafts see it. vLLM's parent would also run the drafter over the
         queries; their K/V sit at positions the next step's context overwrites, so skipping them
         changes no later draft. Returns the empty k = 0 draft."""
         self.num_speculative_tokens = 0
@@ -420,29 +421,28 @@ class LiliPropProposer(DFlashProposer):
         defer = (self.defer_plain_step_context and self._step_req_ids is not None
                  and len(self._step_req_ids) == cad.batch_size())
         # The parent's layout of one query per request: its kernel fills the context's
-        # positions and KV slots. Nothing is drafted, so no anchor is remembered.
+        # positions and KV slots (the states it only keeps a reference to). Nothing is drafted,
+        # so no anchor is remembered.
         num_tokens, _, _ = DFlashProposer.set_inputs_first_pass(
             self,
             target_token_ids=target_token_ids,
             next_token_ids=next_token_ids,
             target_positions=target_positions,
-            target_hidden_states=(target_hidden_states if defer
-                                  else self.model.combine_hidden_states(target_hidden_states)),
+            target_hidden_states=target_hidden_states,
             token_indices_to_sample=None,
             cad=cad,
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
         num_context = self._dflash_num_context
-        deferred = defer and self._deferred.add(
-            target_hidden_states, self._context_positions_buffer[:num_context],
-            self._context_slot_mapping_buffer[:num_context],
-            cad.query_start_loc[: cad.batch_size() + 1], self._step_req_ids)
-        if not deferred:
-            if defer:  # the raw states were handed to the parent above
-                self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+        if defer and self._deferred.add(
+                target_hidden_states, self._context_positions_buffer[:num_context],
+                self._context_slot_mapping_buffer[:num_context],
+                cad.query_start_loc[: cad.batch_size() + 1], self._step_req_ids):
+            if self._deferred.num_pending > self._deferred.max_tokens:
+                self._write_deferred_context()
+        else:
+            self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
             self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
-        elif self._deferred.num_pending > self._deferred.max_tokens:
-            self._write_deferred_context()
         self.num_context_only_steps += 1
         return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
 
