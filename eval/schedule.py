@@ -9,10 +9,17 @@ For each chosen system (its `num_speculative_tokens` = K):
   interleaved (`--rounds`, median used), so the host's drift between arms cancels: timed one
   engine after another, this 2-core host once ranked k = 1 dearer than k = 3;
 - acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
+- served batches (`--served-batch-sizes`, default 4,16,32): every arm serves b other held-out
+  prompts started together to their natural ends, as `eval run` serves a batch, and its tokens/s
+  over plain decoding's in the same round is set against the steady-state model's. At batch 16-32
+  on SmolLM2 the model had predicted drafting level with plain decoding where served benchmark
+  batches ran 0.80-0.87x: the steps don't see the prefill's drafter context or a batch that
+  drains unevenly. The ratio (served over predicted) calibrates each k's rate;
 - the schedule maximising expected tokens/s (eval/schedule_model.py) for batch sizes 1..max.
 It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
 `<name>-scheduled` (the schedule in its speculative_config), which `python -m eval run` serves,
-and beside it `<out>.measurements.json`: the costs, acceptance and predicted tokens/s.
+and beside it `<out>.measurements.json`: the costs, acceptance, served rates and predicted
+tokens/s.
 
 With `--temperature T > 0` every timed and accepted run samples at T (seeded), and the plan is
 for sampled requests: `<name>+sampled-k` is the system as given (its own k-by-batch table, the
@@ -68,6 +75,15 @@ def add_parser(sub) -> None:
                         "(written as liliprop.sampled_k of <name>+sampled-k)")
     p.add_argument("--margin", type=float, default=0.05, help="draft (k > 0) at a batch size only "
                    "where the model predicts more than this fraction over a plain step (default 0.05)")
+    p.add_argument("--served-batch-sizes", default="4,16,32", metavar="B,B",
+                   help="also serve batches of this many held-out prompts (the ones after --prompts) "
+                        "as eval does, every k and plain decoding, and scale the model's rates by "
+                        "served over predicted (eval/schedule_model.py); '' turns it off")
+    p.add_argument("--served-tokens", type=int, default=48, help="max tokens of each served request")
+    p.add_argument("--sampled-k0", action="store_true",
+                   help="the greedy plan's <name>-scheduled also never drafts for sampled requests "
+                        "(liliprop.sampled_k 0 at every batch size): on this 2-core host a sampled "
+                        "draft's verification cost more than it gained at c = 1-16 (eval/README.md)")
     p.add_argument("--from-measurements", metavar="FILE", help="plan from a measurements file an earlier "
                    "run wrote (<out>.measurements.json) instead of timing this host again")
     p.add_argument("--out", required=True, help="systems file to write")
@@ -152,61 +168,102 @@ def arms(systems) -> list[tuple[str, int]]:
     return [(BASELINE, 0)] + [(name, k) for name, K in top.items() for k in range(K, -1, -1)]
 
 
-def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log,
-               temperature: float = 0.0) -> dict:
-    """Seconds per step of every arm at every batch size, measured in `rounds` interleaved rounds
-    (each round times every arm once per batch size, in an order rotated from round to round),
-    so a shared host's drift falls on all arms alike: {name: {k: {b: [s, one per round]}}}.
+def interleaved(engines, arm_list, batches: dict[int, list], measure, rounds: int, log, unit: str) -> dict:
+    """measure(engine, batch) of every arm at every batch size, in `rounds` interleaved rounds
+    (each round measures every arm once per batch size, in an order rotated from round to round),
+    so a shared host's drift falls on all arms alike: {name: {k: {b: [value, one per round]}}}.
     A system's engine runs each k in turn (OfflineEngine.pin_k)."""
-    for engine in engines.values():
-        engine.run_batch(prompts[:1], render, sampling(temperature, tokens[0]))  # warm-up
-    times: dict = {}
+    values: dict = {}
     for r in range(rounds):
-        for b in batch_sizes:
-            batch = list(islice(cycle(prompts), b))
+        for b, batch in batches.items():
             shift = (r + b) % len(arm_list)
             for name, k in arm_list[shift:] + arm_list[:shift]:
                 if name != BASELINE:
                     engines[name].pin_k(k)
-                cost = _one_step_cost(engines[name], batch, render, tokens, temperature)
-                times.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(cost)
-        log(f"round {r + 1}/{rounds}: " + "; ".join(
-            f"{name} k={k} " + ", ".join(f"b={b} {1000 * t[-1]:.1f}" for b, t in by_b.items())
-            for name, by_k in times.items() for k, by_b in by_k.items()))
-    return times
+                values.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(
+                    measure(engines[name], batch))
+        log(f"{unit}, round {r + 1}/{rounds}: " + "; ".join(
+            f"{name} k={k} " + ", ".join(f"b={b} {v[-1]:.4g}" for b, v in by_b.items())
+            for name, by_k in values.items() for k, by_b in by_k.items()))
+    return values
+
+
+def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log,
+               temperature: float = 0.0) -> dict:
+    """Seconds per steady-state step of every arm at every batch size (interleaved), the batch
+    cycling through the acceptance prompts."""
+    for engine in engines.values():
+        engine.run_batch(prompts[:1], render, sampling(temperature, tokens[0]))  # warm-up
+    batches = {b: list(islice(cycle(prompts), b)) for b in batch_sizes}
+    return interleaved(engines, arm_list, batches,
+                       lambda engine, batch: _one_step_cost(engine, batch, render, tokens, temperature),
+                       rounds, log, "seconds per step")
+
+
+def served_rates(engines, arm_list, prompts, render, batch_sizes, max_tokens, rounds, log,
+                 temperature: float = 0.0) -> dict:
+    """Tokens/s of every arm serving a batch as eval runs one (b distinct held-out prompts started
+    together, natural ends, `max_tokens` each; prefill and the batch's drain included), interleaved."""
+    if max(batch_sizes) > len(prompts):
+        raise ValueError(f"--served-batch-sizes {max(batch_sizes)} needs as many held-out prompts after "
+                         f"the {len(prompts)} available; pass smaller sizes or a larger --heldout")
+
+    def rate(engine, batch) -> float:
+        result = engine.run_batch(batch, render, sampling(temperature, max_tokens, ignore_eos=False))
+        return result.output_tokens / result.wall_s
+
+    batches = {b: prompts[:b] for b in batch_sizes}
+    return interleaved(engines, arm_list, batches, rate, rounds, log, "served tokens/s")
 
 
 def medians(times: dict[int, dict[int, list[float]]]) -> dict[int, dict[int, float]]:
     return {k: {b: statistics.median(t) for b, t in by_b.items()} for k, by_b in times.items()}
 
 
-def ratios_to_plain(times: dict, plain: dict[int, list[float]]) -> dict[int, dict[int, float]]:
-    """Each k's step cost over plain decoding's in the same round, the median over rounds: the
-    paired figure (what a k = 0 step costs against a plain engine's, say)."""
-    return {k: {b: round(statistics.median(x / y for x, y in zip(t, plain[b])), 4)
-                for b, t in by_b.items()} for k, by_b in times.items()}
+def ratios_to_plain(values: dict, plain: dict[int, list[float]]) -> dict[int, dict[int, float]]:
+    """Each k's value over plain decoding's in the same round, the median over rounds: the paired
+    figure (a k = 0 step's cost against a plain engine's, a served batch's tokens/s against
+    plain decoding's)."""
+    return {k: {b: round(statistics.median(x / y for x, y in zip(v, plain[b])), 4)
+                for b, v in by_b.items()} for k, by_b in values.items()}
 
 
-def predictions(accepted, costs, ar_costs, ranges, batch_sizes) -> list[dict]:
-    """Expected tokens/s at each measured batch size: plain decoding, fixed K, the schedule."""
+def predicted_over_plain(accepted, costs, ar_costs, batch_sizes) -> dict[int, dict[int, float]]:
+    """The steady-state model's tokens/s of each k over plain decoding's, at each batch size."""
+    return {k: {b: round(schedule_model.tokens_per_s(accepted, costs, b, k)
+                         / (b / schedule_model.interpolated(ar_costs, b)), 4) for b in batch_sizes}
+            for k in costs}
+
+
+def predictions(accepted, costs, ar_costs, ranges, batch_sizes, factors=None) -> list[dict]:
+    """Expected tokens/s at each measured batch size: plain decoding, fixed K, the schedule
+    (calibrated by served factors where given)."""
     top = max(costs)
     rows = []
     for b in batch_sizes:
         k = schedule_model.k_at(ranges, b)
         rows.append({"batch": b, "k": k,
-                     "AR": b / schedule_model.interpolated_cost(ar_costs, b),
-                     "fixed": schedule_model.tokens_per_s(accepted, costs, b, top),
-                     "scheduled": schedule_model.tokens_per_s(accepted, costs, b, k)})
+                     "AR": b / schedule_model.interpolated(ar_costs, b),
+                     "fixed": schedule_model.tokens_per_s(accepted, costs, b, top, factors),
+                     "scheduled": schedule_model.tokens_per_s(accepted, costs, b, k, factors)})
     return rows
 
 
-def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
+# liliprop.sampled_k of --sampled-k0: no draft for a sampled request at any batch size vLLM allows.
+SAMPLED_NEVER = [[1, 1024, 0]]
+
+
+def scheduled_entry(entry: dict, ranges: list[list[int]], summary: str, sampled_k0: bool = False) -> dict:
     spec = dict(entry["speculative_config"], num_speculative_tokens_per_batch_size=ranges)
-    return dict(entry, speculative_config=spec,
-                description=f"{entry.get('description', '')} | scheduled on this host: {summary}")
+    scheduled = dict(entry, speculative_config=spec,
+                     description=f"{entry.get('description', '')} | scheduled on this host: {summary}")
+    if sampled_k0:
+        scheduled.update(liliprop={**(entry.get("liliprop") or {}), "sampled_k": SAMPLED_NEVER},
+                         description=scheduled["description"] + " | sampled requests never draft")
+    return scheduled
 
 
-def sampled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
+def sampled_entry(entry: dict, ranges: list[list[int]], summary: str, _sampled_k0: bool = False) -> dict:
     """The system with the plan as its sampled requests' schedule (liliprop.sampled_k); the
     ranges at the system's full k cut nothing and are left out (none left: no sampled_k)."""
     top = verified_top(entry["speculative_config"], entry.get("liliprop"))
@@ -221,31 +278,36 @@ def sampled_entry(entry: dict, ranges: list[list[int]], summary: str) -> dict:
 PLAN_ENTRIES = {False: (SCHEDULED, scheduled_entry), True: (SAMPLED, sampled_entry)}
 
 
-def measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log) -> tuple[dict, dict]:
-    """(acceptance per position of each system at its K, step_costs' times of every arm), with
-    plain decoding's engine and one engine per system open together."""
+def measure_all(args, systems, flags, prompts, served_prompts, batch_sizes, served_sizes, tokens,
+                max_batch, log) -> tuple[dict, dict, dict]:
+    """(acceptance per position of each system at its K, step_costs' times of every arm,
+    served_rates' tokens/s of every arm or {} without served sizes), with plain decoding's engine
+    and one engine per system open together."""
     from transformers import AutoTokenizer
 
     from vllm_liliprop.vllm.offline import OfflineEngine
 
     render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
+    seqs = max([max_batch, *served_sizes])
     with ExitStack() as stack:
         engines = {BASELINE: stack.enter_context(OfflineEngine(args.target, flags, None, None,
-                                                               max_num_seqs=max_batch))}
+                                                               max_num_seqs=seqs))}
         accepted: dict[str, list[float]] = {}
         for system in systems:
             top = int(system.speculative_config["num_speculative_tokens"])
             engines[system.name] = stack.enter_context(OfflineEngine(
-                args.target, flags, pinned(system.speculative_config, top, max_batch),
-                system.options(), max_num_seqs=max_batch))
+                args.target, flags, pinned(system.speculative_config, top, seqs),
+                system.options(), max_num_seqs=seqs))
             accepted[system.name] = acceptance(engines[system.name], prompts, render,
                                                temperature=args.temperature)
         times = step_costs(engines, arms(systems), prompts, render, batch_sizes, tokens, args.rounds, log,
                            args.temperature)
-    return accepted, times
+        served = served_rates(engines, arms(systems), served_prompts, render, served_sizes,
+                              args.served_tokens, args.rounds, log, args.temperature) if served_sizes else {}
+    return accepted, times, served
 
 
-def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict, dict]:
+def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict, dict, dict]:
     """measure_all's result as an earlier run of this command recorded it (`record`, read from
     its measurements file `path`), to plan again (another --max-batch, a changed cost model)
     without timing anything."""
@@ -254,12 +316,33 @@ def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict
         raise ValueError(f"--from-measurements {path} holds systems {sorted(record['systems'])} at "
                          f"batch sizes {record['batch_sizes']}: pass those to --only and --batch-sizes")
 
-    def by_k(times: dict) -> dict:
-        return {int(k): {int(b): t for b, t in by_b.items()} for k, by_b in times.items()}
+    def by_k(values: dict) -> dict:
+        return {int(k): {int(b): v for b, v in by_b.items()} for k, by_b in values.items()}
 
-    times = {BASELINE: {0: {int(b): t for b, t in record["AR_step_costs_s_by_round"].items()}}}
-    times.update({s.name: by_k(record["systems"][s.name]["step_costs_s_by_round"]) for s in systems})
-    return {s.name: record["systems"][s.name]["acceptance_per_pos"] for s in systems}, times
+    def arms_of(plain_key: str, system_key: str) -> dict:
+        if plain_key not in record:
+            return {}
+        values = {BASELINE: by_k({0: record[plain_key]})}
+        values.update({s.name: by_k(record["systems"][s.name][system_key]) for s in systems})
+        return values
+
+    times = arms_of("AR_step_costs_s_by_round", "step_costs_s_by_round")
+    served = arms_of("AR_served_tokens_per_s_by_round", "served_tokens_per_s_by_round")
+    return {s.name: record["systems"][s.name]["acceptance_per_pos"] for s in systems}, times, served
+
+
+def served_calibration(accepted, costs, ar_costs, served: dict, name: str) -> dict:
+    """The record's served fields of one system ({} without served measurements): served and
+    predicted tokens/s over plain decoding's per k and served batch size, and their ratio, the
+    factors that calibrate the plan (schedule_model.served_factors)."""
+    if not served:
+        return {}
+    served_over = ratios_to_plain(served[name], served[BASELINE][0])
+    sizes = sorted(served[BASELINE][0])
+    predicted = predicted_over_plain(accepted, costs, ar_costs, sizes)
+    return {"served_tokens_per_s_by_round": served[name], "served_over_plain": served_over,
+            "predicted_over_plain": predicted,
+            "served_factors": schedule_model.served_factors(served_over, predicted)}
 
 
 def command(args) -> int:
@@ -277,9 +360,14 @@ def command(args) -> int:
         raise ValueError(f"--tokens {args.tokens!r} must be SHORT,LONG with SHORT < LONG")
     if not 0 <= args.margin < 1:
         raise ValueError(f"--margin {args.margin} must be a fraction in [0, 1), e.g. 0.05")
+    if args.sampled_k0 and args.temperature > 0:
+        raise ValueError("--sampled-k0 writes the greedy plan's sampled requests; a plan timed at "
+                         "--temperature > 0 is itself the sampled requests' k: pass one of them")
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0 (0: greedy requests' schedule)")
     max_batch = args.max_batch or max(batch_sizes)
+    served_sizes = sorted(set(_ints(args.served_batch_sizes, "--served-batch-sizes"))) \
+        if args.served_batch_sizes.strip() else []
     earlier = json.loads(Path(args.from_measurements).read_text()) if args.from_measurements else None
     # A plan from an earlier run keeps the dtype that run was timed in.
     flags = {"dtype": earlier["dtype"]} if earlier else engine_flags(args.engine_flags)
@@ -291,9 +379,11 @@ def command(args) -> int:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
     if earlier:
-        accepted, times = measured_before(earlier, args.from_measurements, systems, batch_sizes)
+        accepted, times, served = measured_before(earlier, args.from_measurements, systems, batch_sizes)
     else:
-        accepted, times = measure_all(args, systems, flags, prompts, batch_sizes, tokens, max_batch, log)
+        served_prompts = heldout_prompts(args.heldout, args.prompts + max(served_sizes, default=0))[args.prompts:]
+        accepted, times, served = measure_all(args, systems, flags, prompts, served_prompts, batch_sizes,
+                                              served_sizes, tokens, max_batch, log)
     plain = times[BASELINE][0]
     ar_costs = medians(times[BASELINE])[0]
     out = {BASELINE: raw.get(BASELINE, {})}
@@ -302,28 +392,38 @@ def command(args) -> int:
               "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
               "margin": args.margin,
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
+    if served:
+        record.update(served_batch_sizes=sorted(served[BASELINE][0]),
+                      served_tokens=earlier["served_tokens"] if earlier else args.served_tokens,
+                      served_prompts=earlier["served_prompts"] if earlier else
+                      f"held-out conversations {args.prompts + 1}..{args.prompts + max(served_sizes)}",
+                      AR_served_tokens_per_s_by_round=served[BASELINE][0])
     for system in systems:
         measured = medians(times[system.name])
         costs = schedule_model.linear_in_k(measured)
-        ranges = schedule_model.schedule(accepted[system.name], costs, max_batch, args.margin)
+        calibrated = served_calibration(accepted[system.name], costs, ar_costs, served, system.name)
+        factors = calibrated.get("served_factors")
+        ranges = schedule_model.schedule(accepted[system.name], costs, max_batch, args.margin, factors)
         summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
         log(f"{system.name}: acceptance per position {[round(a, 3) for a in accepted[system.name]]}; "
             f"schedule {summary}")
         out[system.name] = raw[system.name]
         suffix, planned = PLAN_ENTRIES[record["temperature"] > 0]
-        out[system.name + suffix] = planned(raw[system.name], ranges, summary)
+        out[system.name + suffix] = planned(raw[system.name], ranges, summary, args.sampled_k0)
         record["systems"][system.name] = dict(
             acceptance_per_pos=accepted[system.name], step_costs_s=costs, measured_step_costs_s=measured,
             step_costs_s_by_round=times[system.name],
             step_cost_over_plain=ratios_to_plain(times[system.name], plain), schedule=ranges,
             predicted_tokens_per_s=predictions(accepted[system.name], costs, ar_costs, ranges,
-                                               batch_sizes))
+                                               batch_sizes, factors), **calibrated)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     measurements = Path(args.out).with_suffix(".measurements.json")
     measurements.write_text(json.dumps(record, indent=2) + "\n")
     log(f"wrote {args.out} and {measurements} in {time.perf_counter() - start:.0f} s")
     print(prediction_table(record))
+    if served:
+        print(served_table(record))
     return 0
 
 
@@ -334,4 +434,17 @@ def prediction_table(record: dict) -> str:
         for row in measured["predicted_tokens_per_s"]:
             lines.append(f"| {name} | {row['batch']} | {row['k']} | {row['AR']:.1f} | "
                          f"{row['fixed']:.1f} | {row['scheduled']:.1f} |")
+    return "\n".join(lines)
+
+
+def served_table(record: dict) -> str:
+    """Predicted (steady-state model) against served tokens/s, each over plain decoding's."""
+    lines = [f"served batches of held-out prompts ({record['served_tokens']} tokens each) against the "
+             "cost model, tokens/s over plain decoding's (median of paired rounds)",
+             "| system | batch | k | predicted | served | served / predicted |", "|---|---|---|---|---|---|"]
+    for name, measured in record["systems"].items():
+        for k, by_b in sorted(measured["served_over_plain"].items(), key=lambda kv: int(kv[0])):
+            for b, ratio in by_b.items():
+                lines.append(f"| {name} | {b} | {k} | {measured['predicted_over_plain'][k][b]:.2f}x | "
+                             f"{ratio:.2f}x | {measured['served_factors'][k][b]:.2f} |")
     return "\n".join(lines)

@@ -50,6 +50,7 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     code = main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
                  "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2",
                  "--tokens", "4,12", "--rounds", "2", "--prompts", "2",
+                 "--served-batch-sizes", "2", "--served-tokens", "6",
                  "--engine-flags", json.dumps(FLAGS), "--out", str(out)])
     assert code == 0
     systems = json.loads(out.read_text())
@@ -64,6 +65,10 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert all(len(t) == 2 for by_b in measured["step_costs_s_by_round"].values() for t in by_b.values())
     assert set(measured["step_cost_over_plain"]["0"]) == {"1", "2"}
     assert len(measured["acceptance_per_pos"]) == 7
+    # Served batches of 2 other held-out prompts, every k and plain decoding, each round.
+    assert record["served_batch_sizes"] == [2] and len(record["AR_served_tokens_per_s_by_round"]["2"]) == 2
+    assert sorted(measured["served_factors"], key=int) == [str(k) for k in range(8)]
+    assert all(f["2"] > 0 for f in measured["served_factors"].values())
     # Planned again from that file, for larger batches, without an engine.
     again = tmp_path / "again.json"
     assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
@@ -73,6 +78,7 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert again_record["dtype"] == record["dtype"]
     replanned = again_record["systems"]["DFlash"]
     assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
+    assert replanned["served_factors"] == measured["served_factors"]
     ranges = json.loads(again.read_text())["DFlash-scheduled"]["speculative_config"]
     assert ranges["num_speculative_tokens_per_batch_size"][-1][1] == 8
 

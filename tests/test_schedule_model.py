@@ -3,7 +3,7 @@ vLLM's own batch-size lookup."""
 
 import pytest
 
-from eval.schedule_model import best_k, expected_tokens, interpolated_cost, k_at, linear_in_k, schedule
+from eval.schedule_model import best_k, expected_tokens, interpolated, k_at, linear_in_k, schedule
 from vllm_liliprop.k_ranges import as_ranges, describe_k
 
 ACCEPTANCE = [0.6, 0.35, 0.2]
@@ -20,8 +20,8 @@ def test_expected_tokens_adds_the_prefix_acceptances():
 
 
 def test_cost_is_interpolated_between_measured_batch_sizes():
-    assert interpolated_cost(COSTS[0], 8) == pytest.approx(0.012 + 7 / 15 * 0.038)
-    assert interpolated_cost(COSTS[0], 64) == 0.09
+    assert interpolated(COSTS[0], 8) == pytest.approx(0.012 + 7 / 15 * 0.038)
+    assert interpolated(COSTS[0], 64) == 0.09
 
 
 def test_the_schedule_drafts_less_as_verification_grows_dearer():
@@ -75,3 +75,22 @@ def test_a_margin_keeps_plain_steps_where_drafting_is_predicted_to_gain_little()
     assert best_k(accepted, costs, 16, margin=0.05) == 0
     assert best_k(accepted, costs, 16, margin=0.03) == 3
     assert schedule(accepted, costs, 4, margin=0.05) == [[1, 4, 0]]
+
+
+def test_served_batches_calibrate_the_plan_where_they_were_measured():
+    from eval.schedule_model import calibration, served_factors, tokens_per_s
+
+    accepted = [0.45, 0.16, 0.08]
+    # Steady state: k = 3 predicted 1.10x plain decoding at batch 32.
+    costs = {0: {1: 0.030, 32: 0.050}, 3: {1: 0.035, 32: 0.0768}}
+    assert best_k(accepted, costs, 32, margin=0.05) == 3
+    # Served batches of 32 ran k = 3 at 0.85x plain decoding, k = 0 at 0.98x.
+    predicted = {k: {32: tokens_per_s(accepted, costs, 32, k) * 0.050 / 32} for k in costs}
+    factors = served_factors({0: {32: 0.98}, 3: {32: 0.85}}, predicted)
+    assert factors[0][32] == pytest.approx(0.98) and factors[3][32] == pytest.approx(0.85 / 1.10, rel=0.01)
+    assert best_k(accepted, costs, 32, 0.05, factors) == 0
+    assert best_k(accepted, costs, 1, 0.05, factors) == 3  # batch 1: factor 1, nothing to drain
+    assert calibration(factors[3], 16) == pytest.approx(1 + 15 / 31 * (factors[3][32] - 1))
+    assert calibration(None, 16) == 1.0
+    assert schedule(accepted, costs, 32, 0.05, factors)[-1][1:] == [32, 0]
+    assert schedule(accepted, costs, 32, 0.05)[-1][1:] == [32, 3]
