@@ -2,7 +2,8 @@
 # Issue 34: fixed k against the measured schedule (systems.json, written by `python -m eval schedule`),
 # each batch paired with plain decoding on the same prompts, beside vLLM's n-gram proposer (the peer
 # a user would pick): c = 16 and c = 4 at T = 0 and T = 1 (seed 42). Hold the host idle.
-# OUT=DIR, CONCURRENCY="16 4", BENCHMARKS=mtbench,gsm8k,humaneval, SYSFILE, ONLY override the defaults.
+# OUT=DIR, CONCURRENCY="16 4", TEMPERATURES=0,1, BENCHMARKS=mtbench,gsm8k,humaneval, SYSFILE, ONLY
+# override the defaults.
 # Each benchmark gives max(16, c) prompts, so that c = 32 fills its batch.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -16,7 +17,7 @@ out=${OUT:-testbed/smollm2/schedule/results}
 ngram=$(.venv/bin/python -c "import json; print(json.dumps(json.load(open('testbed/smollm2/systems.json'))['ngram']))")
 common=(--target .cache/targets/smollm2-135m-instruct --systems "$sysfile" --system "ngram=$ngram"
         --var drafts=$PWD/testbed/smollm2/round3/drafts --data-dir .cache/benchmarks --only "$only"
-        --temperatures 0,1 --seeds 42 --max-tokens 48 --warmup-tokens 8 --paired --engine-flags "$flags")
+        --temperatures "${TEMPERATURES:-0,1}" --seeds 42 --max-tokens 48 --warmup-tokens 8 --paired --engine-flags "$flags")
 for c in ${CONCURRENCY:-16 4}; do
     date
     .venv/bin/python -m eval run "${common[@]}" --benchmarks "${BENCHMARKS:-mtbench,gsm8k,humaneval}" \
