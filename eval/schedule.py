@@ -9,12 +9,13 @@ For each chosen system (its `num_speculative_tokens` = K):
   interleaved (`--rounds`, median used), so the host's drift between arms cancels: timed one
   engine after another, this 2-core host once ranked k = 1 dearer than k = 3;
 - acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
-- served batches (`--served-batch-sizes`, default 4,16,32): every arm serves b other held-out
-  prompts started together to their natural ends, as `eval run` serves a batch, and its tokens/s
-  over plain decoding's in the same round is set against the steady-state model's. At batch 16-32
-  on SmolLM2 the model had predicted drafting level with plain decoding where served benchmark
-  batches ran 0.80-0.87x: the steps don't see the prefill's drafter context or a batch that
-  drains unevenly. The ratio (served over predicted) calibrates each k's rate;
+- served batches (`--served-batch-sizes`, default 16,32): every arm serves b other held-out
+  prompts started together to their natural ends, as `eval run` serves c = 16 and 32 (one batch
+  of c prompts), and its tokens/s over plain decoding's in the same round is set against the
+  steady-state model's. At batch 16-32 on SmolLM2 the model had predicted drafting level with
+  plain decoding where served benchmark batches ran 0.80-0.87x: the steps don't see the prefill's
+  drafter context or a batch that drains unevenly. The ratio (served over predicted) calibrates
+  each k's rate;
 - the schedule maximising expected tokens/s (eval/schedule_model.py) for batch sizes 1..max.
 It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
 `<name>-scheduled` (the schedule in its speculative_config), which `python -m eval run` serves,
@@ -75,10 +76,12 @@ def add_parser(sub) -> None:
                         "(written as liliprop.sampled_k of <name>+sampled-k)")
     p.add_argument("--margin", type=float, default=0.05, help="draft (k > 0) at a batch size only "
                    "where the model predicts more than this fraction over a plain step (default 0.05)")
-    p.add_argument("--served-batch-sizes", default="4,16,32", metavar="B,B",
-                   help="also serve batches of this many held-out prompts (the ones after --prompts) "
-                        "as eval does, every k and plain decoding, and scale the model's rates by "
-                        "served over predicted (eval/schedule_model.py); '' turns it off")
+    p.add_argument("--served-batch-sizes", default="16,32", metavar="B,B",
+                   help="also serve batches of this many held-out prompts (the ones after --prompts), "
+                        "started together and drained as eval serves c = 16 and 32, every k and plain "
+                        "decoding, and scale the model's rates by served over predicted "
+                        "(eval/schedule_model.py); '' turns it off. Below 16 eval (and a loaded "
+                        "server) refills the batch, which the steady-state steps model")
     p.add_argument("--served-tokens", type=int, default=48, help="max tokens of each served request")
     p.add_argument("--sampled-k0", action="store_true",
                    help="the greedy plan's <name>-scheduled also never drafts for sampled requests "
@@ -307,10 +310,10 @@ def measure_all(args, systems, flags, prompts, served_prompts, batch_sizes, serv
     return accepted, times, served
 
 
-def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict, dict, dict]:
+def measured_before(record: dict, path: str, systems, batch_sizes, served_sizes) -> tuple[dict, dict, dict]:
     """measure_all's result as an earlier run of this command recorded it (`record`, read from
-    its measurements file `path`), to plan again (another --max-batch, a changed cost model)
-    without timing anything."""
+    its measurements file `path`), to plan again (another --max-batch, a changed cost model,
+    some of its served sizes) without timing anything."""
     missing = [s.name for s in systems if s.name not in record["systems"]]
     if missing or record["batch_sizes"] != batch_sizes:
         raise ValueError(f"--from-measurements {path} holds systems {sorted(record['systems'])} at "
@@ -328,6 +331,12 @@ def measured_before(record: dict, path: str, systems, batch_sizes) -> tuple[dict
 
     times = arms_of("AR_step_costs_s_by_round", "step_costs_s_by_round")
     served = arms_of("AR_served_tokens_per_s_by_round", "served_tokens_per_s_by_round")
+    recorded = sorted(served.get(BASELINE, {0: {}})[0])
+    if not set(served_sizes) <= set(recorded):
+        raise ValueError(f"--from-measurements {path} served batch sizes {recorded}: pass some of "
+                         f"those to --served-batch-sizes ('' for none)")
+    served = {name: {k: {b: v for b, v in by_b.items() if b in served_sizes} for k, by_b in arm.items()}
+              for name, arm in served.items()} if served_sizes else {}
     return {s.name: record["systems"][s.name]["acceptance_per_pos"] for s in systems}, times, served
 
 
@@ -379,7 +388,8 @@ def command(args) -> int:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
     if earlier:
-        accepted, times, served = measured_before(earlier, args.from_measurements, systems, batch_sizes)
+        accepted, times, served = measured_before(earlier, args.from_measurements, systems, batch_sizes,
+                                                  served_sizes)
     else:
         served_prompts = heldout_prompts(args.heldout, args.prompts + max(served_sizes, default=0))[args.prompts:]
         accepted, times, served = measure_all(args, systems, flags, prompts, served_prompts, batch_sizes,

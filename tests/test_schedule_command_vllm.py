@@ -73,12 +73,18 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     again = tmp_path / "again.json"
     assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
                  "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2", "--max-batch", "8",
-                 "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(again)]) == 0
+                 "--served-batch-sizes", "2", "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(again)]) == 0
     again_record = json.loads(again.with_suffix(".measurements.json").read_text())
     assert again_record["dtype"] == record["dtype"]
     replanned = again_record["systems"]["DFlash"]
     assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
     assert replanned["served_factors"] == measured["served_factors"]
+    # The same measurements planned from the steady-state model alone.
+    steady = tmp_path / "steady.json"
+    assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2", "--served-batch-sizes", "",
+                 "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(steady)]) == 0
+    assert "served_factors" not in json.loads(steady.with_suffix(".measurements.json").read_text())["systems"]["DFlash"]
     ranges = json.loads(again.read_text())["DFlash-scheduled"]["speculative_config"]
     assert ranges["num_speculative_tokens_per_batch_size"][-1][1] == 8
 
