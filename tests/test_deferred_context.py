@@ -44,3 +44,23 @@ def test_a_context_that_is_not_exactly_the_requests_tokens_is_not_kept():
     deferred = DeferredContext()
     assert not _step(deferred, [5, 9, 10], ["a", "b"], [1, 1])  # one padding token
     assert deferred.num_pending == 0
+
+
+def test_a_step_that_completes_a_kv_block_must_write_what_is_pending():
+    # Blocks of 4: position 7 is the last of block 1, which a prefix cache may then serve.
+    deferred = DeferredContext(kv_block_size=4)
+    _step(deferred, [5, 9], ["a", "b"], [1, 1])
+    assert not deferred.must_write()
+    _step(deferred, [6, 10], ["a", "b"], [1, 1])
+    assert not deferred.must_write()
+    _step(deferred, [7, 11], ["a", "b"], [1, 1])
+    assert deferred.must_write()
+    assert deferred.take()[1].tolist() == [5, 9, 6, 10, 7, 11] and not deferred.must_write()
+    _step(deferred, [8, 12], ["a", "b"], [1, 1])
+    assert not deferred.must_write()
+    # Without a prefix cache only the token count forces a write.
+    uncached = DeferredContext(max_tokens=3)
+    _step(uncached, [3, 7], ["a", "b"], [1, 1])
+    assert not uncached.must_write()
+    _step(uncached, [4, 8], ["a", "b"], [1, 1])
+    assert uncached.must_write()

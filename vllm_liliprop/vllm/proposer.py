@@ -196,7 +196,8 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
-        self._deferred = DeferredContext()
+        cache = vllm_config.cache_config
+        self._deferred = DeferredContext(kv_block_size=int(cache.block_size) if cache.enable_prefix_caching else None)
         self._step_req_ids: list[str] | None = None  # this step's batch, in order
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
@@ -438,7 +439,7 @@ class LiliPropProposer(DFlashProposer):
                 target_hidden_states, self._context_positions_buffer[:num_context],
                 self._context_slot_mapping_buffer[:num_context],
                 cad.query_start_loc[: cad.batch_size() + 1], self._step_req_ids):
-            if self._deferred.num_pending > self._deferred.max_tokens:
+            if self._deferred.must_write():
                 self._write_deferred_context()
         else:
             self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
