@@ -148,6 +148,12 @@ def _target_language_model(target_model: torch.nn.Module) -> torch.nn.Module:
     return target_model
 
 
+def cached_block_size(vllm_config) -> int | None:
+    """The KV block size where vLLM's prefix cache may keep and share blocks, else None."""
+    cache = getattr(vllm_config, "cache_config", None)
+    return int(cache.block_size) if cache is not None and cache.enable_prefix_caching else None
+
+
 class LiliPropProposer(DFlashProposer):
     # Steps without a drafter block (k = 0, or every request drafting its lookup) write the
     # context K/V only (False: vLLM's full query pass; tests and tools/step_cost.py compare).
@@ -196,8 +202,7 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
-        cache = vllm_config.cache_config
-        self._deferred = DeferredContext(kv_block_size=int(cache.block_size) if cache.enable_prefix_caching else None)
+        self._deferred = DeferredContext(kv_block_size=cached_block_size(vllm_config))
         self._step_req_ids: list[str] | None = None  # this step's batch, in order
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
