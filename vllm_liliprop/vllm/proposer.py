@@ -13,9 +13,9 @@ Only these things differ from `DFlashProposer`:
 - `_sample_draft_tokens` asks the rule for the block instead of taking each slot's argmax.
   Rows the rule could not score get the drafter's argmax on the device (rules/fallback.py):
   the step reads nothing back to the host;
-- with the `prompt_lookup` option (the hybrid rule), `prepare_next_token_ids_padded` also looks
-  each request's last tokens up in its own history (prompt_lookup.py; one host read of the
-  verified tokens a step), and `_sample_draft_tokens` puts the continuation it found in place
+- with the `prompt_lookup` option (the hybrid rule), a step that drafts also looks each
+  request's last tokens up in its own history (prompt_lookup.py; one host read of the verified
+  tokens a step, from what `prepare_next_token_ids_padded` was given), and `_sample_draft_tokens` puts the continuation it found in place
   of the rule's block for those requests; with `rule_draft_length`, the rule's block is cut to
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
   (draft_length.py);
@@ -197,6 +197,7 @@ class LiliPropProposer(DFlashProposer):
         # The hybrid rule: (min_n, max_n) of the prompt lookup, this step's (ids, found) rows.
         self._lookup_lengths = getattr(self.liliprop_options, "prompt_lookup", None)
         self._lookup: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._lookup_inputs: tuple | None = None  # prepare_next_token_ids_padded's, for the lookup
         self.num_lookup_rows = 0  # rows whose draft came from the lookup
         self.num_context_only_steps = 0  # steps that skipped the drafter's query pass
         self.num_lookup_only_steps = 0  # of those, steps whose every row drafted its lookup
@@ -352,6 +353,7 @@ class LiliPropProposer(DFlashProposer):
         sampled_k = None if sampling_metadata.all_greedy else sampled_k_at(self._sampled_k, batch)
         # Every request sampled and none allowed a draft at this batch size (sampled_drafts.py).
         none_drafts = sampled_k == 0 and sampling_metadata.all_random
+        self._lookup = self._look_up_if_drafting(0 if none_drafts else num_speculative_tokens)
         looked_up = self._lookup_for_every_row(batch, num_speculative_tokens)
         if none_drafts:
             looked_up = self._lookup = None  # no row drafts, its lookup's included
@@ -500,9 +502,18 @@ class LiliPropProposer(DFlashProposer):
                                gpu_input_batch.req_ids)
         self._step_req_ids = list(gpu_input_batch.req_ids[:gpu_input_batch.num_reqs])
         self._deferred.keep_requests(self._step_req_ids)  # before any write: see the module
-        if self._lookup_lengths is not None:
-            self._lookup = self._look_up(sampled_token_ids, gpu_input_batch, discard_request_mask)
+        if self._lookup_lengths is not None:  # looked up in propose(), where the step drafts
+            self._lookup_inputs = (sampled_token_ids, gpu_input_batch, discard_request_mask)
         return result
+
+    def _look_up_if_drafting(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This step's prompt lookup, run only where the step drafts (k > 0): a plain step of a
+        speculation schedule would throw it away, and it reads every request's history on the
+        host (at batch 16-32 the lookup systems' plain steps had run 1-3% dearer than the others')."""
+        inputs, self._lookup_inputs = self._lookup_inputs, None
+        if inputs is None or k == 0 or self._lookup_lengths is None:
+            return None
+        return self._look_up(*inputs)
 
     def _look_up(self, sampled_token_ids, gpu_input_batch, discard_request_mask):
         """The prompt lookup's (ids, found) for this step's requests, from each one's tokens so
