@@ -61,9 +61,9 @@ def _second_turn_counters(target, defer: bool):
             turn = messages + [{"role": "assistant", "content": answer.outputs[0].text},
                                {"role": "user", "content": "Go on."}]
             llm.generate([ids(turn)], SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
-        metrics = {m.name: m for m in llm.get_metrics()}
-        counters = SpecDecodeCounters.from_metrics(llm.get_metrics())
-        hits = metrics["vllm:prefix_cache_hits"].value
+        metrics = llm.get_metrics()
+        counters = SpecDecodeCounters.from_metrics(metrics)
+        hits = next(m.value for m in metrics if m.name == "vllm:prefix_cache_hits")
         del llm
     return counters, hits
 

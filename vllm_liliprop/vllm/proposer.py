@@ -15,8 +15,9 @@ Only these things differ from `DFlashProposer`:
   the step reads nothing back to the host;
 - with the `prompt_lookup` option (the hybrid rule), a step that drafts also looks each
   request's last tokens up in its own history (prompt_lookup.py; one host read of the verified
-  tokens a step, from what `prepare_next_token_ids_padded` was given), and `_sample_draft_tokens` puts the continuation it found in place
-  of the rule's block for those requests; with `rule_draft_length`, the rule's block is cut to
+  tokens a step, from what `prepare_next_token_ids_padded` was given), and
+  `_sample_draft_tokens` puts the continuation it found in place of the rule's block for those
+  requests; with `rule_draft_length`, the rule's block is cut to
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
   (draft_length.py);
 - `propose` at k = 0 (a speculation schedule's plain step), and in a hybrid step where every
@@ -355,8 +356,6 @@ class LiliPropProposer(DFlashProposer):
         none_drafts = sampled_k == 0 and sampling_metadata.all_random
         self._lookup = self._look_up_if_drafting(0 if none_drafts else num_speculative_tokens)
         looked_up = self._lookup_for_every_row(batch, num_speculative_tokens)
-        if none_drafts:
-            looked_up = self._lookup = None  # no row drafts, its lookup's included
         needs_queries = num_speculative_tokens > 0 and looked_up is None and not none_drafts
         if needs_queries or not self.skip_plain_step_queries:
             self._verified_k = num_speculative_tokens
@@ -421,9 +420,9 @@ class LiliPropProposer(DFlashProposer):
         """A step that needs no drafter block (k = 0, a speculation schedule's plain step; or
         every request drafting its lookup continuation): only the step's context is kept, its
         K/V written by the next pass that writes context (deferred_context.py; at once where it
-        cannot be kept), so that later drafts see it. vLLM's parent would also run the drafter over the
-        queries; their K/V sit at positions the next step's context overwrites, so skipping them
-        changes no later draft. Returns the empty k = 0 draft."""
+        cannot be kept), so that later drafts see it. vLLM's parent would also run the drafter
+        over the queries; their K/V sit at positions the next step's context overwrites, so
+        skipping them changes no later draft. Returns the empty k = 0 draft."""
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
         defer = (self.defer_plain_step_context and self._step_req_ids is not None
@@ -509,7 +508,8 @@ class LiliPropProposer(DFlashProposer):
     def _look_up_if_drafting(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This step's prompt lookup, run only where the step drafts (k > 0): a plain step of a
         speculation schedule would throw it away, and it reads every request's history on the
-        host (at batch 16-32 the lookup systems' plain steps had run 1-3% dearer than the others')."""
+        host (at batch 16-32 the lookup systems' plain steps had run 1-3% dearer than the
+        others')."""
         inputs, self._lookup_inputs = self._lookup_inputs, None
         if inputs is None or k == 0 or self._lookup_lengths is None:
             return None
