@@ -59,7 +59,7 @@ from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_r
 from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at, sampled_never_draft
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
-from vllm_liliprop.vllm.deferred_context import DeferredContext
+from vllm_liliprop.vllm.deferred_context import DeferredContext, context_slots
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
@@ -153,6 +153,23 @@ def cached_block_size(vllm_config) -> int | None:
     """The KV block size where vLLM's prefix cache may keep and share blocks, else None."""
     cache = getattr(vllm_config, "cache_config", None)
     return int(cache.block_size) if cache is not None and cache.enable_prefix_caching else None
+
+
+def plain_step_next_tokens(sampled_token_ids: torch.Tensor, discard_request_mask: torch.Tensor,
+                           vocab_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(next_token_ids, valid_sampled_tokens_count) of a CPU step that verified no draft and
+    discarded no request: each row's one sampled token, and 1. That is exactly what vLLM's
+    prepare_next_token_ids_padded returns there, without its per-request host loop over every
+    request's backup token, which only a discarded row reads (at batch 32 on 2 cores the loop
+    was a third of a plain step's proposer cost). None elsewhere, and on a GPU, where checking
+    for discarded rows would cost a host sync the parent avoids."""
+    if sampled_token_ids.device.type != "cpu" or sampled_token_ids.shape[1] != 1:
+        return None
+    tokens = sampled_token_ids[:, 0]
+    if bool(discard_request_mask[: tokens.shape[0]].any()) or not bool(
+            ((tokens >= 0) & (tokens < vocab_size)).all()):
+        return None
+    return tokens.to(torch.int32), torch.ones_like(tokens, dtype=torch.int32)
 
 
 class LiliPropProposer(DFlashProposer):
@@ -425,11 +442,31 @@ class LiliPropProposer(DFlashProposer):
         skipping them changes no later draft. Returns the empty k = 0 draft."""
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
+        batch = cad.batch_size()
         defer = (self.defer_plain_step_context and self._step_req_ids is not None
-                 and len(self._step_req_ids) == cad.batch_size())
-        # The parent's layout of one query per request: its kernel fills the context's
-        # positions and KV slots (the states it only keeps a reference to). Nothing is drafted,
-        # so no anchor is remembered.
+                 and len(self._step_req_ids) == batch)
+        query_start_loc = cad.query_start_loc[: batch + 1]
+        if defer:
+            # The parent's input kernel would also lay out queries nobody reads; the context's
+            # positions and slots are all a deferred write needs.
+            positions = target_positions[: target_token_ids.shape[0]]
+            slots = context_slots(positions, query_start_loc, cad.block_table_tensor, self.block_size)
+            defer = slots is not None and self._deferred.add(
+                target_hidden_states, positions, slots, query_start_loc, self._step_req_ids)
+        if defer:
+            if self._deferred.must_write():
+                self._write_deferred_context()
+        else:
+            self._write_context_now(target_token_ids, target_positions, target_hidden_states,
+                                    next_token_ids, cad, num_rejected_tokens_gpu)
+        self.num_context_only_steps += 1
+        return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
+
+    def _write_context_now(self, target_token_ids, target_positions, target_hidden_states,
+                           next_token_ids, cad, num_rejected_tokens_gpu) -> None:
+        """The step's context K/V written in this step, through the parent's layout of one query
+        a request (its kernel fills the context's positions and KV slots). Nothing is drafted,
+        so no anchor is remembered."""
         num_tokens, _, _ = DFlashProposer.set_inputs_first_pass(
             self,
             target_token_ids=target_token_ids,
@@ -440,18 +477,8 @@ class LiliPropProposer(DFlashProposer):
             cad=cad,
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
-        num_context = self._dflash_num_context
-        if defer and self._deferred.add(
-                target_hidden_states, self._context_positions_buffer[:num_context],
-                self._context_slot_mapping_buffer[:num_context],
-                cad.query_start_loc[: cad.batch_size() + 1], self._step_req_ids):
-            if self._deferred.must_write():
-                self._write_deferred_context()
-        else:
-            self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
-            self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
-        self.num_context_only_steps += 1
-        return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
+        self._dflash_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # stores the context K/V
 
     @override
     def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
@@ -494,8 +521,11 @@ class LiliPropProposer(DFlashProposer):
         # vLLM's runner calls this right before `propose`, with the tokens it just verified
         # (DFlash always drafts with a padded batch: vLLM refuses disable_padded_drafter_batch
         # for parallel drafting, so prepare_next_token_ids_cpu never runs).
-        result = super().prepare_next_token_ids_padded(
-            sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
+        result = plain_step_next_tokens(sampled_token_ids, discard_request_mask,
+                                        gpu_input_batch.vocab_size)
+        if result is None:
+            result = super().prepare_next_token_ids_padded(
+                sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
         batch = sampled_token_ids.shape[0]
         self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
                                gpu_input_batch.req_ids)

@@ -4,7 +4,7 @@
 # a user would pick): c = 16 and c = 4 at T = 0 and T = 1 (seed 42). Hold the host idle.
 # OUT=DIR, CONCURRENCY="16 4", TEMPERATURES=0,1, BENCHMARKS=mtbench,gsm8k,humaneval, SYSFILE, ONLY
 # override the defaults.
-# Each benchmark gives max(16, c) prompts, so that c = 32 fills its batch.
+# Each benchmark gives max(16, c) prompts, so that c = 32 fills its batch (LIMIT=n: n instead).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source scripts/env.sh
@@ -21,7 +21,7 @@ common=(--target .cache/targets/smollm2-135m-instruct --systems "$sysfile" --sys
 for c in ${CONCURRENCY:-16 4}; do
     date
     .venv/bin/python -m eval run "${common[@]}" --benchmarks "${BENCHMARKS:-mtbench,gsm8k,humaneval}" \
-        --concurrency "$c" --limit $(( c > 16 ? c : 16 )) --results "$out/results.csv" --no-summary
+        --concurrency "$c" --limit "${LIMIT:-$(( c > 16 ? c : 16 ))}" --results "$out/results.csv" --no-summary
 done
 date
 .venv/bin/python -m eval summarize "$out/results.csv" > "$out/summary.md"
