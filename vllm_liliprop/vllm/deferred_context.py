@@ -35,9 +35,8 @@ def context_slots(positions: torch.Tensor, query_start_loc: torch.Tensor, block_
                   block_size: int) -> torch.Tensor | None:
     """The KV slot [n] of each context token at `positions` [n], request b's tokens being
     query_start_loc[b]..[b + 1]: what vLLM's DFlash input kernel writes for the context, in a few
-    vectorised ops instead of its per-request loop (a plain step keeps these slots and nothing
-    else the kernel computes, and on CPU the kernel was a fifth of a plain step's proposer cost).
-    None where the tokens are not exactly the requests' (a padded batch)."""
+    vectorised ops instead of the kernel, which also lays out the queries a plain step never
+    reads. None where the tokens are not exactly the requests' (a padded batch)."""
     lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(positions.device)
     rows = torch.repeat_interleave(torch.arange(lengths.shape[0], device=positions.device), lengths)
     if rows.shape[0] != positions.shape[0]:
