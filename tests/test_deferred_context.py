@@ -3,14 +3,15 @@ come back oldest first, and a request that left the batch takes its tokens with 
 
 import torch
 
-from vllm_liliprop.vllm.deferred_context import DeferredContext
+from vllm_liliprop.vllm.deferred_context import DeferredContext, request_rows
 
 
 def _step(deferred, positions, req_ids, lengths, width=3):
     n = len(positions)
     states = torch.arange(n * width, dtype=torch.float32).reshape(n, width) + 100 * positions[0]
-    loc = torch.tensor([0] + lengths).cumsum(0)
-    return deferred.add(states, torch.tensor(positions), torch.tensor(positions) + 1000, loc, req_ids)
+    rows = request_rows(torch.tensor([0] + lengths).cumsum(0), n, "cpu")
+    return rows is not None and deferred.add(states, torch.tensor(positions),
+                                             torch.tensor(positions) + 1000, rows, req_ids)
 
 
 def test_pending_tokens_come_back_oldest_first_and_once():

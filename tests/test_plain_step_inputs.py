@@ -7,7 +7,7 @@ import torch
 
 cpu_kernels = pytest.importorskip("vllm.utils.cpu_triton_utils")
 
-from vllm_liliprop.vllm.deferred_context import context_slots  # noqa: E402
+from vllm_liliprop.vllm.deferred_context import context_slots, request_rows  # noqa: E402
 from vllm_liliprop.vllm.proposer import plain_step_next_tokens  # noqa: E402
 
 
@@ -32,13 +32,14 @@ def test_context_slots_are_the_kernels(lengths):
     starts = torch.randint(0, block_size * width - 131, (len(lengths),), generator=generator)
     positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts.tolist(), lengths)])
     query_start_loc = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
-    ours = context_slots(positions, query_start_loc, block_table, block_size)
+    rows = request_rows(query_start_loc, positions.shape[0], "cpu")
+    ours = context_slots(positions, rows, block_table, block_size)
     assert torch.equal(ours, _vllm_context_slots(positions, query_start_loc, block_table, block_size))
 
 
-def test_context_slots_refuse_a_padded_batch():
-    positions = torch.arange(5)
-    assert context_slots(positions, torch.tensor([0, 1, 3]), torch.zeros(2, 4, dtype=torch.int32), 16) is None
+def test_a_padded_batch_has_no_request_rows():
+    assert request_rows(torch.tensor([0, 1, 3]), 5, "cpu") is None
+    assert request_rows(torch.tensor([0, 1, 3]), 3, "cpu").tolist() == [0, 1, 1]
 
 
 def _vllm_next_tokens(sampled, discard, backup, vocab_size):

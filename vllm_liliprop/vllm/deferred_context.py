@@ -28,19 +28,23 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DeferredContext", "PendingContext", "context_slots"]
+__all__ = ["DeferredContext", "PendingContext", "context_slots", "request_rows"]
 
 
-def context_slots(positions: torch.Tensor, query_start_loc: torch.Tensor, block_table: torch.Tensor,
-                  block_size: int) -> torch.Tensor | None:
-    """The KV slot [n] of each context token at `positions` [n], request b's tokens being
-    query_start_loc[b]..[b + 1]: what vLLM's DFlash input kernel writes for the context, in a few
-    vectorised ops instead of the kernel, which also lays out the queries a plain step never
-    reads. None where the tokens are not exactly the requests' (a padded batch)."""
-    lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(positions.device)
-    rows = torch.repeat_interleave(torch.arange(lengths.shape[0], device=positions.device), lengths)
-    if rows.shape[0] != positions.shape[0]:
-        return None
+def request_rows(query_start_loc: torch.Tensor, num_tokens: int, device) -> torch.Tensor | None:
+    """The row of each of a step's num_tokens context tokens in its batch, request b's tokens
+    being query_start_loc[b]..[b + 1]; None where the tokens are not exactly the requests' (a
+    padded batch), whose context is then written at once."""
+    lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(device)
+    rows = torch.repeat_interleave(torch.arange(lengths.shape[0], device=device), lengths)
+    return rows if rows.shape[0] == num_tokens else None
+
+
+def context_slots(positions: torch.Tensor, rows: torch.Tensor, block_table: torch.Tensor,
+                  block_size: int) -> torch.Tensor:
+    """The KV slot [n] of each context token at `positions` [n] of request `rows` [n]: what
+    vLLM's DFlash input kernel writes for the context, in a few vectorised ops instead of the
+    kernel, which also lays out the queries a plain step never reads."""
     blocks = (positions // block_size).clamp(max=block_table.shape[1] - 1)
     return block_table[rows, blocks].to(torch.int64) * block_size + positions % block_size
 
@@ -68,13 +72,11 @@ class DeferredContext:
         self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
         self.num_dropped_tokens = 0  # of those, tokens dropped with their request
 
-    def add(self, states, positions, slots, query_start_loc, req_ids: list[str]) -> bool:
-        """Keep a plain step's context (copies: vLLM reuses these buffers next step);
-        query_start_loc [B + 1] marks each request's tokens. False, keeping nothing, where the
-        context is not exactly those tokens (a padded batch): the caller writes it at once."""
-        lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(positions.device)
-        rows = torch.repeat_interleave(torch.arange(len(req_ids), device=positions.device), lengths)
-        if rows.shape[0] != positions.shape[0] or states.shape[0] != positions.shape[0]:
+    def add(self, states, positions, slots, rows, req_ids: list[str]) -> bool:
+        """Keep a plain step's context (copies: vLLM reuses these buffers next step); rows [n]
+        (request_rows) place each token's request in req_ids. False, keeping nothing, where the
+        states are not one a token: the caller writes the context at once."""
+        if states.shape[0] != positions.shape[0]:
             return False
         self._pending.append(PendingContext(states.clone(), positions.clone(), slots.clone(),
                                             rows, list(req_ids)))

@@ -59,7 +59,7 @@ from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_r
 from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at, sampled_never_draft
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
-from vllm_liliprop.vllm.deferred_context import DeferredContext, context_slots
+from vllm_liliprop.vllm.deferred_context import DeferredContext, context_slots, request_rows
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
@@ -446,14 +446,15 @@ class LiliPropProposer(DFlashProposer):
         batch = cad.batch_size()
         defer = (self.defer_plain_step_context and self._step_req_ids is not None
                  and len(self._step_req_ids) == batch)
-        query_start_loc = cad.query_start_loc[: batch + 1]
         if defer:
             # The parent's input kernel would also lay out queries nobody reads; the context's
             # positions and slots are all a deferred write needs.
             positions = target_positions[: target_token_ids.shape[0]]
-            slots = context_slots(positions, query_start_loc, cad.block_table_tensor, self.block_size)
-            defer = slots is not None and self._deferred.add(
-                target_hidden_states, positions, slots, query_start_loc, self._step_req_ids)
+            rows = request_rows(cad.query_start_loc[: batch + 1], positions.shape[0], positions.device)
+            defer = rows is not None and self._deferred.add(
+                target_hidden_states, positions,
+                context_slots(positions, rows, cad.block_table_tensor, self.block_size),
+                rows, self._step_req_ids)
         if defer:
             if self._deferred.must_write():
                 self._write_deferred_context()
@@ -461,7 +462,7 @@ class LiliPropProposer(DFlashProposer):
             self._write_context_now(target_token_ids, target_positions, target_hidden_states,
                                     next_token_ids, cad, num_rejected_tokens_gpu)
         self.num_context_only_steps += 1
-        return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
+        return torch.empty(batch, 0, device=self.device, dtype=torch.int64)
 
     def _write_context_now(self, target_token_ids, target_positions, target_hidden_states,
                            next_token_ids, cad, num_rejected_tokens_gpu) -> None:
@@ -542,7 +543,7 @@ class LiliPropProposer(DFlashProposer):
         host (at batch 16-32 the lookup systems' plain steps had run 1-3% dearer than the
         others')."""
         inputs, self._lookup_inputs = self._lookup_inputs, None
-        if inputs is None or k == 0 or self._lookup_lengths is None:
+        if inputs is None or k == 0:  # None: no lookup option, or no step since the last
             return None
         return self._look_up(*inputs)
 
