@@ -9,10 +9,12 @@ For each chosen system (its `num_speculative_tokens` = K):
   interleaved (`--rounds`, median used), so the host's drift between arms cancels: timed one
   engine after another, this 2-core host once ranked k = 1 dearer than k = 3;
 - acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
-- served batches (`--served-batch-sizes`, default 16,32): every arm serves b other held-out
-  prompts started together to their natural ends, as `eval run` serves c = 16 and 32 (one batch
-  of c prompts), and its tokens/s over plain decoding's in the same round is set against the
-  steady-state model's. At batch 16-32 on SmolLM2 the model had predicted drafting level with
+- served batches (`--served-batch-sizes`, default 16,32): every arm serves other held-out
+  prompts through b slots to their natural ends as `eval run` serves concurrency b: max(b, 16)
+  prompts (`--served-prompts`), so a batch of 4 refills its slots as eval's c = 4 over 16 prompts
+  does and a batch of 32 starts full and drains. Its tokens/s over plain decoding's in the same
+  round is set against the steady-state model's. (A lone drained batch of 4 had run DFlash at
+  1.02x where eval's refilled c = 4 ran it at 1.10-1.20x.) At batch 16-32 on SmolLM2 the model had predicted drafting level with
   plain decoding where served benchmark batches ran 0.80-0.87x: the steps don't see the prefill's
   drafter context or a batch that drains unevenly. The ratio (served over predicted) calibrates
   each k's rate;
@@ -77,11 +79,15 @@ def add_parser(sub) -> None:
     p.add_argument("--margin", type=float, default=0.05, help="draft (k > 0) at a batch size only "
                    "where the model predicts more than this fraction over a plain step (default 0.05)")
     p.add_argument("--served-batch-sizes", default="16,32", metavar="B,B",
-                   help="also serve batches of this many held-out prompts (the ones after --prompts), "
-                        "started together and drained as eval serves c = 16 and 32, every k and plain "
-                        "decoding, and scale the model's rates by served over predicted "
-                        "(eval/schedule_model.py); '' turns it off. Below 16 eval (and a loaded "
-                        "server) refills the batch, which the steady-state steps model")
+                   help="also serve held-out prompts (the ones after --prompts) through this many "
+                        "slots as eval serves that concurrency (see --served-prompts), every k and "
+                        "plain decoding, and scale the model's rates by served over predicted "
+                        "(eval/schedule_model.py); '' turns it off. With --from-measurements, sizes "
+                        "the file lacks are measured now")
+    p.add_argument("--served-prompts", type=int, default=16, metavar="N",
+                   help="a served batch of b runs max(b, N) held-out prompts through b slots, "
+                        "refilled as requests end (eval's c = 4 over 16 prompts), or started full "
+                        "and drained where b >= N")
     p.add_argument("--served-tokens", type=int, default=48, help="max tokens of each served request")
     p.add_argument("--sampled-k0", action="store_true",
                    help="the greedy plan's <name>-scheduled also never drafts for sampled requests "
@@ -203,19 +209,30 @@ def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, 
                        rounds, log, "seconds per step")
 
 
-def served_rates(engines, arm_list, prompts, render, batch_sizes, max_tokens, rounds, log,
-                 temperature: float = 0.0) -> dict:
-    """Tokens/s of every arm serving a batch as eval runs one (b distinct held-out prompts started
-    together, natural ends, `max_tokens` each; prefill and the batch's drain included), interleaved."""
-    if max(batch_sizes) > len(prompts):
-        raise ValueError(f"--served-batch-sizes {max(batch_sizes)} needs as many held-out prompts after "
-                         f"the {len(prompts)} available; pass smaller sizes or a larger --heldout")
+def served_counts(batch_sizes, served_prompts: int) -> dict[int, int]:
+    """How many held-out prompts a served batch of b runs through its b slots: `served_prompts`,
+    or b where b is larger (then the batch starts full and drains, as eval's c = 32 over a
+    benchmark of 32 prompts; below it the slots refill, as eval's c = 4 over 16 prompts)."""
+    return {b: max(b, served_prompts) for b in batch_sizes}
 
-    def rate(engine, batch) -> float:
-        result = engine.run_batch(batch, render, sampling(temperature, max_tokens, ignore_eos=False))
+
+def served_rates(engines, arm_list, prompts, render, counts: dict[int, int], max_tokens, rounds, log,
+                 temperature: float = 0.0) -> dict:
+    """Tokens/s of every arm serving as eval does (at each batch size b, counts[b] held-out
+    prompts through b slots, refilled as requests end; natural ends, `max_tokens` each; prefill
+    and the final drain included), interleaved."""
+    if max(counts.values()) > len(prompts):
+        raise ValueError(f"served batches need {max(counts.values())} held-out prompts after the "
+                         f"--prompts ones, {len(prompts)} are left: pass smaller --served-batch-sizes "
+                         f"or --served-prompts, or a larger --heldout")
+
+    def rate(engine, slots_and_prompts) -> float:
+        slots, batch = slots_and_prompts
+        result = engine.run_batch(batch, render, sampling(temperature, max_tokens, ignore_eos=False),
+                                  concurrency=slots)
         return result.output_tokens / result.wall_s
 
-    batches = {b: prompts[:b] for b in batch_sizes}
+    batches = {b: (b, prompts[:count]) for b, count in counts.items()}
     return interleaved(engines, arm_list, batches, rate, rounds, log, "served tokens/s")
 
 
@@ -281,39 +298,58 @@ def sampled_entry(entry: dict, ranges: list[list[int]], summary: str, _sampled_k
 PLAN_ENTRIES = {False: (SCHEDULED, scheduled_entry), True: (SAMPLED, sampled_entry)}
 
 
-def measure_all(args, systems, flags, prompts, served_prompts, batch_sizes, served_sizes, tokens,
-                max_batch, log) -> tuple[dict, dict, dict]:
-    """(acceptance per position of each system at its K, step_costs' times of every arm,
-    served_rates' tokens/s of every arm or {} without served sizes), with plain decoding's engine
-    and one engine per system open together."""
-    from transformers import AutoTokenizer
-
+def open_engines(stack: ExitStack, args, systems, flags, seqs: int) -> dict:
+    """Plain decoding's engine and one engine per system (at its K), open together in `stack`."""
     from vllm_liliprop.vllm.offline import OfflineEngine
 
-    render = PromptRenderer(AutoTokenizer.from_pretrained(args.target))
-    seqs = max([max_batch, *served_sizes])
+    engines = {BASELINE: stack.enter_context(OfflineEngine(args.target, flags, None, None, max_num_seqs=seqs))}
+    for system in systems:
+        top = int(system.speculative_config["num_speculative_tokens"])
+        engines[system.name] = stack.enter_context(OfflineEngine(
+            args.target, flags, pinned(system.speculative_config, top, seqs), system.options(),
+            max_num_seqs=seqs))
+    return engines
+
+
+def renderer(target: str) -> PromptRenderer:
+    from transformers import AutoTokenizer
+
+    return PromptRenderer(AutoTokenizer.from_pretrained(target))
+
+
+def measure_all(args, systems, flags, prompts, served_prompts, batch_sizes, counts, tokens,
+                max_batch, log) -> tuple[dict, dict, dict]:
+    """(acceptance per position of each system at its K, step_costs' times of every arm,
+    served_rates' tokens/s of every arm at the served counts, or {} without them), with every
+    engine open together."""
+    render = renderer(args.target)
     with ExitStack() as stack:
-        engines = {BASELINE: stack.enter_context(OfflineEngine(args.target, flags, None, None,
-                                                               max_num_seqs=seqs))}
-        accepted: dict[str, list[float]] = {}
-        for system in systems:
-            top = int(system.speculative_config["num_speculative_tokens"])
-            engines[system.name] = stack.enter_context(OfflineEngine(
-                args.target, flags, pinned(system.speculative_config, top, seqs),
-                system.options(), max_num_seqs=seqs))
-            accepted[system.name] = acceptance(engines[system.name], prompts, render,
-                                               temperature=args.temperature)
+        engines = open_engines(stack, args, systems, flags, max([max_batch, *counts]))
+        accepted = {s.name: acceptance(engines[s.name], prompts, render, temperature=args.temperature)
+                    for s in systems}
         times = step_costs(engines, arms(systems), prompts, render, batch_sizes, tokens, args.rounds, log,
                            args.temperature)
-        served = served_rates(engines, arms(systems), served_prompts, render, served_sizes,
-                              args.served_tokens, args.rounds, log, args.temperature) if served_sizes else {}
+        served = served_rates(engines, arms(systems), served_prompts, render, counts,
+                              args.served_tokens, args.rounds, log, args.temperature) if counts else {}
     return accepted, times, served
+
+
+def measure_served(args, systems, flags, served_prompts, counts, log) -> dict:
+    """served_rates alone, for the served batch sizes an earlier measurements file lacks."""
+    render = renderer(args.target)
+    with ExitStack() as stack:
+        engines = open_engines(stack, args, systems, flags, max(counts))
+        for engine in engines.values():
+            engine.run_batch(served_prompts[:1], render, sampling(args.temperature, 4))  # warm-up
+        return served_rates(engines, arms(systems), served_prompts, render, counts, args.served_tokens,
+                            args.rounds, log, args.temperature)
 
 
 def measured_before(record: dict, path: str, systems, batch_sizes, served_sizes) -> tuple[dict, dict, dict]:
     """measure_all's result as an earlier run of this command recorded it (`record`, read from
     its measurements file `path`), to plan again (another --max-batch, a changed cost model,
-    some of its served sizes) without timing anything."""
+    some of its served sizes) without timing anything; served sizes it lacks are left out
+    (`command` measures them)."""
     missing = [s.name for s in systems if s.name not in record["systems"]]
     if missing or record["batch_sizes"] != batch_sizes:
         raise ValueError(f"--from-measurements {path} holds systems {sorted(record['systems'])} at "
@@ -331,13 +367,16 @@ def measured_before(record: dict, path: str, systems, batch_sizes, served_sizes)
 
     times = arms_of("AR_step_costs_s_by_round", "step_costs_s_by_round")
     served = arms_of("AR_served_tokens_per_s_by_round", "served_tokens_per_s_by_round")
-    recorded = sorted(served.get(BASELINE, {0: {}})[0])
-    if not set(served_sizes) <= set(recorded):
-        raise ValueError(f"--from-measurements {path} served batch sizes {recorded}: pass some of "
-                         f"those to --served-batch-sizes ('' for none)")
     served = {name: {k: {b: v for b, v in by_b.items() if b in served_sizes} for k, by_b in arm.items()}
               for name, arm in served.items()} if served_sizes else {}
     return {s.name: record["systems"][s.name]["acceptance_per_pos"] for s in systems}, times, served
+
+
+def merge_served(served: dict, more: dict) -> None:
+    """Adds `more` (served_rates' tokens/s at other batch sizes) into `served`, arm by arm."""
+    for name, by_k in more.items():
+        for k, by_b in by_k.items():
+            served.setdefault(name, {}).setdefault(k, {}).update(by_b)
 
 
 def served_calibration(accepted, costs, ar_costs, served: dict, name: str) -> dict:
@@ -379,7 +418,10 @@ def command(args) -> int:
         if args.served_batch_sizes.strip() else []
     earlier = json.loads(Path(args.from_measurements).read_text()) if args.from_measurements else None
     # A plan from an earlier run keeps the dtype that run was timed in.
-    flags = {"dtype": earlier["dtype"]} if earlier else engine_flags(args.engine_flags)
+    flags = {**engine_flags(args.engine_flags), **({"dtype": earlier["dtype"]} if earlier else {})}
+    if args.served_prompts < 1:
+        raise ValueError(f"--served-prompts {args.served_prompts} must be >= 1 (default 16)")
+    counts = served_counts(served_sizes, args.served_prompts)
     prompts = heldout_prompts(args.heldout, args.prompts)
     raw = json.loads(Path(args.systems).read_text())
     start = time.perf_counter()
@@ -387,13 +429,24 @@ def command(args) -> int:
     def log(line: str) -> None:
         print(f"[schedule {time.perf_counter() - start:5.0f}s] {line}", file=sys.stderr, flush=True)
 
+    served_prompts = heldout_prompts(args.heldout, args.prompts + max(counts.values(), default=0))[args.prompts:]
     if earlier:
         accepted, times, served = measured_before(earlier, args.from_measurements, systems, batch_sizes,
                                                   served_sizes)
+        # Served sizes the file lacks are measured now, each round beside plain decoding's.
+        recorded = earlier.get("served_prompts_by_batch_size") or {
+            str(b): b for b in earlier.get("served_batch_sizes", [])}  # before it: drained batches
+        counts = {b: recorded.get(str(b), n) for b, n in counts.items()}
+        missing = {b: n for b, n in counts.items() if str(b) not in recorded}
+        if missing and earlier.get("served_tokens", args.served_tokens) != args.served_tokens:
+            raise ValueError(f"--served-tokens {args.served_tokens}: {args.from_measurements} served "
+                             f"{earlier['served_tokens']} tokens a request; pass that to add served sizes")
+        if missing:
+            log(f"measuring served batch sizes {sorted(missing)}, which {args.from_measurements} lacks")
+            merge_served(served, measure_served(args, systems, flags, served_prompts, missing, log))
     else:
-        served_prompts = heldout_prompts(args.heldout, args.prompts + max(served_sizes, default=0))[args.prompts:]
         accepted, times, served = measure_all(args, systems, flags, prompts, served_prompts, batch_sizes,
-                                              served_sizes, tokens, max_batch, log)
+                                              counts, tokens, max_batch, log)
     plain = times[BASELINE][0]
     ar_costs = medians(times[BASELINE])[0]
     out = {BASELINE: raw.get(BASELINE, {})}
@@ -404,9 +457,11 @@ def command(args) -> int:
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     if served:
         record.update(served_batch_sizes=sorted(served[BASELINE][0]),
-                      served_tokens=earlier["served_tokens"] if earlier else args.served_tokens,
-                      served_prompts=earlier["served_prompts"] if earlier else
-                      f"held-out conversations {args.prompts + 1}..{args.prompts + max(served_sizes)}",
+                      served_tokens=earlier.get("served_tokens", args.served_tokens) if earlier
+                      else args.served_tokens,
+                      served_prompts=f"the first of held-out conversations {args.prompts + 1}.."
+                                     f"{args.prompts + max(counts.values())}",
+                      served_prompts_by_batch_size={str(b): n for b, n in counts.items()},
                       AR_served_tokens_per_s_by_round=served[BASELINE][0])
     for system in systems:
         measured = medians(times[system.name])

@@ -122,3 +122,25 @@ def test_each_open_engine_counts_its_own_drafts(tiny_models):
     assert alone.num_drafts > 0 and alone == again
     assert len(alone.accepted_per_pos) == 7 and len(other.accepted_per_pos) == 2
     assert other.num_draft_tokens == 2 * other.num_drafts
+
+
+def test_a_batch_at_concurrency_c_keeps_c_requests_in_flight_and_refills(tiny_models):
+    """run_batch(concurrency=c) on an engine built for more: the requests go in c at a time,
+    first come first served, as vLLM's scheduler admits them at max_num_seqs = c. Plain greedy
+    steps make it countable: a request of n tokens takes n steps, so 4 requests one at a time
+    take 4n steps, two at a time 2n, all at once n; the tokens are the same either way."""
+    from vllm_liliprop.vllm.offline import OfflineEngine, Sampling
+
+    flags = {"dtype": "float32", "max_model_len": 256, "enforce_eager": True}
+    conversations = [["a b"], ["c d e"], ["f"], ["g h"]]
+
+    def render(messages):
+        return [5 + len(messages[0]["content"])] * 6
+
+    sampling = Sampling(0.0, 5, None, True)
+    with OfflineEngine(tiny_models["target"], flags, None, None, max_num_seqs=4) as engine:
+        steps = {c: engine.run_batch(conversations, render, sampling, concurrency=c) for c in (1, 2, None)}
+        with pytest.raises(ValueError, match="concurrency=0"):
+            engine.run_batch(conversations, render, sampling, concurrency=0)
+    assert {c: r.num_steps for c, r in steps.items()} == {1: 20, 2: 10, None: 5}
+    assert steps[1].token_ids == steps[2].token_ids == steps[None].token_ids

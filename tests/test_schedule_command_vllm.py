@@ -50,7 +50,7 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     code = main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
                  "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2",
                  "--tokens", "4,12", "--rounds", "2", "--prompts", "2",
-                 "--served-batch-sizes", "2", "--served-tokens", "6",
+                 "--served-batch-sizes", "2", "--served-prompts", "2", "--served-tokens", "6",
                  "--engine-flags", json.dumps(FLAGS), "--out", str(out)])
     assert code == 0
     systems = json.loads(out.read_text())
@@ -79,6 +79,23 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     replanned = again_record["systems"]["DFlash"]
     assert replanned["step_costs_s_by_round"] == measured["step_costs_s_by_round"]
     assert replanned["served_factors"] == measured["served_factors"]
+    # A served size the file lacks is measured now (2 prompts through 1 slot, refilled), beside
+    # the recorded one, which is kept as it was served.
+    more = tmp_path / "more.json"
+    assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2", "--rounds", "2",
+                 "--prompts", "2", "--served-batch-sizes", "1,2", "--served-prompts", "2",
+                 "--served-tokens", "6", "--engine-flags", json.dumps(FLAGS),
+                 "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(more)]) == 0
+    more_record = json.loads(more.with_suffix(".measurements.json").read_text())
+    assert more_record["served_prompts_by_batch_size"] == {"1": 2, "2": 2}
+    assert more_record["AR_served_tokens_per_s_by_round"]["2"] == record["AR_served_tokens_per_s_by_round"]["2"]
+    assert len(more_record["AR_served_tokens_per_s_by_round"]["1"]) == 2
+    assert all(set(f) == {"1", "2"} for f in more_record["systems"]["DFlash"]["served_factors"].values())
+    assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),
+                 "--var", f"testbed={TINY}", "--only", "DFlash", "--batch-sizes", "1,2",
+                 "--served-batch-sizes", "1", "--served-tokens", "9",
+                 "--from-measurements", str(out.with_suffix(".measurements.json")), "--out", str(more)]) == 2
     # The same measurements planned from the steady-state model alone.
     steady = tmp_path / "steady.json"
     assert main(["schedule", "--target", str(TINY / "target"), "--systems", str(TINY / "systems.json"),

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -250,7 +251,7 @@ class OfflineEngine:
 
     def run_batch(self, conversations: Sequence[Sequence[str]], render: RenderFn,
                   sampling: Sampling, fresh_cache: bool = True, max_turns: int | None = None,
-                  first_index: int = 0) -> BatchResult:
+                  first_index: int = 0, concurrency: int | None = None) -> BatchResult:
         """Generate every turn of every conversation; later turns follow the engine's own answers.
 
         conversations: per conversation, its user turns (>= 1). render: messages -> prompt ids
@@ -259,7 +260,13 @@ class OfflineEngine:
         max_turns: stop each conversation after this many turns (warm-up uses 1).
         first_index: the position of the first conversation in a larger batch run a part at a
         time (eval's prompt-by-prompt rows), so each request keeps the seed it would have there.
+        concurrency: hand the engine at most this many requests at a time, the rest queued first
+        come first served (a later turn joins the back), as vLLM's scheduler admits them at
+        `max_num_seqs = concurrency`: one engine built for a larger batch then serves c = 4 as an
+        engine of c = 4 would (eval schedule's served batches). None: every request at once.
         """
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"run_batch(concurrency={concurrency}): a concurrency is >= 1, or None")
         engine = self._engine()
         if engine.has_unfinished_requests():
             raise RuntimeError("the engine still has requests from an earlier batch")
@@ -287,17 +294,27 @@ class OfflineEngine:
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
             prompt_tokens += len(prompt_ids)
-            engine.add_request(f"{tag}-{index}-{turn}", {"prompt_token_ids": prompt_ids}, params)
+            waiting.append((f"{tag}-{index}-{turn}", {"prompt_token_ids": prompt_ids}, params))
 
+        def admit() -> None:
+            nonlocal in_flight
+            while waiting and (concurrency is None or in_flight < concurrency):
+                engine.add_request(*waiting.popleft())
+                in_flight += 1
+
+        waiting: deque = deque()
+        in_flight = 0
         before = self.counters()
         start = time.perf_counter()
         for index, prompt_ids in enumerate(first_prompts):
             add(index, prompt_ids)
+        admit()
         while engine.has_unfinished_requests():
             steps += 1
             for output in engine.step():
                 if not output.finished:
                     continue
+                in_flight -= 1
                 _, index, _ = output.request_id.rsplit("-", 2)
                 index = int(index)
                 completion = output.outputs[0]
@@ -309,6 +326,7 @@ class OfflineEngine:
                 if done < len(turns[index]):
                     messages[index].append({"role": "user", "content": turns[index][done]})
                     add(index, render(messages[index]))
+            admit()
         wall_s = time.perf_counter() - start
         counters = self.counters() - before
         return BatchResult(answers, output_tokens, prompt_tokens, wall_s, counters, steps,
