@@ -9,7 +9,7 @@ For each chosen system (its `num_speculative_tokens` = K):
   interleaved (`--rounds`, median used), so the host's drift between arms cancels: timed one
   engine after another, this 2-core host once ranked k = 1 dearer than k = 3;
 - acceptance per position: the k = K engine on held-out prompts (T = 0, natural ends);
-- served batches (`--served-batch-sizes`, default 16,32): every arm serves other held-out
+- served batches (`--served-batch-sizes`, default 4,16,32): every arm serves other held-out
   prompts through b slots to their natural ends as `eval run` serves concurrency b: max(b, 16)
   prompts (`--served-prompts`), so a batch of 4 refills its slots as eval's c = 4 over 16 prompts
   does and a batch of 32 starts full and drains. Its tokens/s over plain decoding's in the same
@@ -78,7 +78,7 @@ def add_parser(sub) -> None:
                         "(written as liliprop.sampled_k of <name>+sampled-k)")
     p.add_argument("--margin", type=float, default=0.05, help="draft (k > 0) at a batch size only "
                    "where the model predicts more than this fraction over a plain step (default 0.05)")
-    p.add_argument("--served-batch-sizes", default="16,32", metavar="B,B",
+    p.add_argument("--served-batch-sizes", default="4,16,32", metavar="B,B",
                    help="also serve held-out prompts (the ones after --prompts) through this many "
                         "slots as eval serves that concurrency (see --served-prompts), every k and "
                         "plain decoding, and scale the model's rates by served over predicted "
