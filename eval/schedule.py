@@ -14,10 +14,10 @@ For each chosen system (its `num_speculative_tokens` = K):
   prompts (`--served-prompts`), so a batch of 4 refills its slots as eval's c = 4 over 16 prompts
   does and a batch of 32 starts full and drains. Its tokens/s over plain decoding's in the same
   round is set against the steady-state model's. (A lone drained batch of 4 had run DFlash at
-  1.02x where eval's refilled c = 4 ran it at 1.10-1.20x.) At batch 16-32 on SmolLM2 the model had predicted drafting level with
-  plain decoding where served benchmark batches ran 0.80-0.87x: the steps don't see the prefill's
-  drafter context or a batch that drains unevenly. The ratio (served over predicted) calibrates
-  each k's rate;
+  1.02x where eval's refilled c = 4 ran it at 1.10-1.20x.) At batch 16-32 on SmolLM2 the model
+  had predicted drafting level with plain decoding where served benchmark batches ran
+  0.80-0.87x: the steps don't see the prefill's drafter context or a batch that drains
+  unevenly. The ratio (served over predicted) calibrates each k's rate;
 - the schedule maximising expected tokens/s (eval/schedule_model.py) for batch sizes 1..max.
 It writes a systems file (eval/systems.py) with AR, each system as it was (fixed k) and
 `<name>-scheduled` (the schedule in its speculative_config), which `python -m eval run` serves,
