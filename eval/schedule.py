@@ -181,13 +181,14 @@ def interleaved(engines, arm_list, batches: dict[int, list], measure, rounds: in
     """measure(engine, batch) of every arm at every batch size, in `rounds` interleaved rounds
     (each round measures every arm once per batch size, in an order rotated from round to round),
     so a shared host's drift falls on all arms alike: {name: {k: {b: [value, one per round]}}}.
-    A system's engine runs each k in turn (OfflineEngine.pin_k)."""
+    A system's engine runs each k in turn (OfflineEngine.pin_k); k None leaves its engine's own
+    schedule in place."""
     values: dict = {}
     for r in range(rounds):
         for b, batch in batches.items():
             shift = (r + b) % len(arm_list)
             for name, k in arm_list[shift:] + arm_list[:shift]:
-                if name != BASELINE:
+                if name != BASELINE and k is not None:
                     engines[name].pin_k(k)
                 values.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(
                     measure(engines[name], batch))
@@ -197,12 +198,17 @@ def interleaved(engines, arm_list, batches: dict[int, list], measure, rounds: in
     return values
 
 
+def warm_up(engines, prompts, render, temperature: float, tokens: int) -> None:
+    """One short untimed run on every engine, so no arm's first timed run pays its cold start."""
+    for engine in engines.values():
+        engine.run_batch(prompts[:1], render, sampling(temperature, tokens))
+
+
 def step_costs(engines, arm_list, prompts, render, batch_sizes, tokens, rounds, log,
                temperature: float = 0.0) -> dict:
     """Seconds per steady-state step of every arm at every batch size (interleaved), the batch
     cycling through the acceptance prompts."""
-    for engine in engines.values():
-        engine.run_batch(prompts[:1], render, sampling(temperature, tokens[0]))  # warm-up
+    warm_up(engines, prompts, render, temperature, tokens[0])
     batches = {b: list(islice(cycle(prompts), b)) for b in batch_sizes}
     return interleaved(engines, arm_list, batches,
                        lambda engine, batch: _one_step_cost(engine, batch, render, tokens, temperature),
@@ -339,8 +345,7 @@ def measure_served(args, systems, flags, served_prompts, counts, log) -> dict:
     render = renderer(args.target)
     with ExitStack() as stack:
         engines = open_engines(stack, args, systems, flags, max(counts))
-        for engine in engines.values():
-            engine.run_batch(served_prompts[:1], render, sampling(args.temperature, 4))  # warm-up
+        warm_up(engines, served_prompts, render, args.temperature, 4)
         return served_rates(engines, arms(systems), served_prompts, render, counts, args.served_tokens,
                             args.rounds, log, args.temperature)
 
@@ -457,8 +462,7 @@ def command(args) -> int:
               "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
     if served:
         record.update(served_batch_sizes=sorted(served[BASELINE][0]),
-                      served_tokens=earlier.get("served_tokens", args.served_tokens) if earlier
-                      else args.served_tokens,
+                      served_tokens=(earlier or {}).get("served_tokens", args.served_tokens),
                       served_prompts=f"the first of held-out conversations {args.prompts + 1}.."
                                      f"{args.prompts + max(counts.values())}",
                       served_prompts_by_batch_size={str(b): n for b, n in counts.items()},

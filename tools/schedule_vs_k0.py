@@ -3,10 +3,11 @@ decoding, served as eval serves concurrency c (held-out prompts through c slots,
 ends), in interleaved rounds. It separates what falling back costs (k = 0 inside a speculative
 engine) from what the schedule's drafting at smaller batches (a batch's tail) costs or gains.
 
-    python -m tools.schedule_vs_k0 --only LiLiCorr-greedy,Domino,DFlash --concurrency 4 --rounds 4
+    source scripts/env.sh; VLLM_CPU_KVCACHE_SPACE=1 \
+        python -m tools.schedule_vs_k0 --only LiLiCorr-greedy,Domino,DFlash --concurrency 4 --rounds 4
 
-Prints each round's tokens/s over plain decoding's, then per arm the median, mean, range and
-tau. Held-out prompts only (eval/schedule.py's served prompts), never benchmark prompts.
+Prints each round's tokens/s of every arm, then per arm its ratio to plain decoding's in the same
+round: median, mean, range, and tau. Held-out prompts only (eval/schedule.py's served prompts), never benchmark prompts.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import statistics
 from contextlib import ExitStack
 from pathlib import Path
 
-from eval.schedule import HELDOUT, heldout_prompts, pinned, renderer, sampling
-from eval.systems import load_systems, select_systems
+from eval.schedule import HELDOUT, heldout_prompts, interleaved, pinned, renderer, sampling, warm_up
+from eval.systems import BASELINE, load_systems, select_systems
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ def open_arms(stack: ExitStack, args, systems, flags) -> dict:
         return stack.enter_context(OfflineEngine(args.target, flags, spec, options,
                                                  max_num_seqs=args.concurrency))
 
-    arms = {"AR": engine(None, None)}
+    arms = {BASELINE: engine(None, None)}
     for s in systems:
         arms[s.name] = engine(s.speculative_config, s.options())
         arms[s.name.replace("-scheduled", "-k0")] = engine(
@@ -55,25 +56,25 @@ def main() -> None:
     flags = {"dtype": args.dtype, "max_model_len": 2048, "enforce_eager": True}
     prompts = heldout_prompts(HELDOUT, 8 + args.prompts)[8:]  # eval schedule's served prompts
     render = renderer(args.target)
+
+    def rate(engine, batch) -> float:
+        result = engine.run_batch(batch, render, sampling(0.0, args.tokens, ignore_eos=False),
+                                  concurrency=args.concurrency)
+        return result.output_tokens / result.wall_s
+
     with ExitStack() as stack:
         arms = open_arms(stack, args, systems, flags)
-        for engine in arms.values():
-            engine.run_batch(prompts[:2], render, sampling(0.0, 8))  # warm-up
-        names = list(arms)
-        rates: dict[str, list[float]] = {a: [] for a in names}
-        taus: dict[str, float | None] = {}
-        for r in range(args.rounds):
-            for a in names[r % len(names):] + names[:r % len(names)]:
-                result = arms[a].run_batch(prompts, render, sampling(0.0, args.tokens, ignore_eos=False),
-                                           concurrency=args.concurrency)
-                rates[a].append(result.output_tokens / result.wall_s)
-                taus[a] = result.counters.tau if result.counters.num_drafts else None
-            print(f"round {r + 1}: " + "; ".join(f"{a} {rates[a][-1] / rates['AR'][-1]:.3f}" for a in names),
-                  flush=True)
-    for a in names:
-        ratios = [x / y for x, y in zip(rates[a], rates["AR"])]
-        print(f"{a:28s} median {statistics.median(ratios):.3f} mean {statistics.mean(ratios):.3f} "
-              f"range {min(ratios):.3f}-{max(ratios):.3f} tau {taus[a] and round(taus[a], 2)}")
+        warm_up(arms, prompts, render, 0.0, 8)
+        # k None: every arm serves its own config (schedule, pinned k = 0, or plain decoding).
+        rates = interleaved(arms, [(name, None) for name in arms], {args.concurrency: prompts}, rate,
+                            args.rounds, print, "served tokens/s")
+        taus = {name: engine.counters().tau for name, engine in arms.items() if name != BASELINE}
+    plain = rates[BASELINE][None][args.concurrency]
+    for name, by_k in rates.items():
+        ratios = [x / y for x, y in zip(by_k[None][args.concurrency], plain)]
+        print(f"{name:28s} over plain decoding: median {statistics.median(ratios):.3f} mean "
+              f"{statistics.mean(ratios):.3f} range {min(ratios):.3f}-{max(ratios):.3f} "
+              f"tau {taus.get(name, 1.0):.2f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 # systems.measurements.json (every measurement). Hold the host idle (about 70 minutes on 2 cores).
 # ONLY=A,B overrides the systems. FROM=FILE plans from an earlier measurements file instead,
 # measuring only the served sizes it lacks (how the 2026-12-06 11:08 plan added the refilled 4 to
-# the 05:22 measurements: FROM=testbed/smollm2/schedule/systems.measurements.json at 28d89ca).
+# the 05:22 measurements: FROM=<testbed/smollm2/schedule/systems.measurements.json at 28d89ca>,
+# e.g. `git show 28d89ca:testbed/smollm2/schedule/systems.measurements.json > /tmp/before.json`).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source scripts/env.sh
