@@ -28,22 +28,31 @@ LENGTHS = [8, 16, 24, 32, 40]
 
 
 def generate(target, prompts, speculative_config=None, options=None, details=None):
-    """(token ids per prompt, Counter of the k each propose() call was asked for). `details`
-    (a dict) also receives the spec-decode counters, the drafter's query passes and its
-    context-only steps."""
+    """(token ids per prompt, Counter of the k each step was drafted at: each propose() call's,
+    and 0 for each plain step the runner handed to keep_plain_step instead). `details` (a dict)
+    also receives the spec-decode counters, the drafter's query passes, its context-only steps
+    and the handed-over ones."""
     from vllm import LLM, SamplingParams
 
     from vllm_liliprop.vllm.metrics import SpecDecodeCounters
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     asked: Counter = Counter()
-    original = LiliPropProposer.propose
+    handed = Counter()
+    original, keep = LiliPropProposer.propose, LiliPropProposer.keep_plain_step
 
     def recording(self, num_speculative_tokens, *args, **kwargs):
         asked[int(num_speculative_tokens)] += 1
         return original(self, num_speculative_tokens, *args, **kwargs)
 
-    LiliPropProposer.propose = recording
+    def recording_plain(self, *args, **kwargs):
+        drafts = keep(self, *args, **kwargs)
+        if drafts is not None:  # else vLLM's path follows, through propose()
+            asked[0] += 1
+            handed["steps"] += 1
+        return drafts
+
+    LiliPropProposer.propose, LiliPropProposer.keep_plain_step = recording, recording_plain
     try:
         with liliprop_env(options):
             llm = LLM(model=str(target), speculative_config=speculative_config, **ENGINE_FLAGS)
@@ -64,10 +73,11 @@ def generate(target, prompts, speculative_config=None, options=None, details=Non
                                query_passes=passes["query"],
                                context_only=drafter.num_context_only_steps,
                                deferred=drafter._deferred.num_deferred_tokens,
-                               dropped=drafter._deferred.num_dropped_tokens)
+                               dropped=drafter._deferred.num_dropped_tokens,
+                               handed=handed["steps"])
             del llm
     finally:
-        LiliPropProposer.propose = original
+        LiliPropProposer.propose, LiliPropProposer.keep_plain_step = original, keep
     return [list(o.outputs[0].token_ids) for o in outputs], asked
 
 
@@ -180,6 +190,16 @@ def test_steps_without_a_block_write_the_context_without_the_drafters_query_pass
                                       at_once)
     assert ids_at_once == plain and at_once["deferred"] == 0
     assert at_once["counters"] == skipped["counters"], (at_once, skipped)
+    # The runner hands over the k = 0 steps that verify no draft (patching.py, patch 14); the
+    # first one after a drafting step would go through propose(). Through vLLM's path at every
+    # step, the same tokens are deferred and dropped, and every draft is the same.
+    assert 0 < skipped["handed"] <= asked[0], (skipped, asked)
+    vllm_path: dict = {}
+    ids_vllm_path, asked_vllm_path = generate_without("plain_steps_from_runner", target, prompts,
+                                                      spec, options, vllm_path)
+    assert ids_vllm_path == plain and asked_vllm_path == asked and vllm_path["handed"] == 0
+    assert {key: vllm_path[key] for key in ("counters", "deferred", "dropped", "context_only")} == {
+        key: skipped[key] for key in ("counters", "deferred", "dropped", "context_only")}
 
 
 def test_a_step_without_drafts_samples_as_plain_decoding(tiny_models):

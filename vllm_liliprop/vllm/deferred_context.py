@@ -72,14 +72,17 @@ class DeferredContext:
         self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
         self.num_dropped_tokens = 0  # of those, tokens dropped with their request
 
-    def add(self, states, positions, slots, rows, req_ids: list[str]) -> bool:
-        """Keep a plain step's context (copies: vLLM reuses these buffers next step); rows [n]
-        (request_rows) place each token's request in req_ids. False, keeping nothing, where the
-        states are not one a token: the caller writes the context at once."""
+    def add(self, states, positions, slots, rows, req_ids: list[str],
+            states_owned: bool = False) -> bool:
+        """Keep a plain step's context (copies: vLLM reuses these buffers next step, though not
+        states the caller built for this and owns: `states_owned`); rows [n] (request_rows)
+        place each token's request in req_ids. False, keeping nothing, where the states are
+        not one a token: the caller writes the context at once."""
         if states.shape[0] != positions.shape[0]:
             return False
-        self._pending.append(PendingContext(states.clone(), positions.clone(), slots.clone(),
-                                            rows, list(req_ids)))
+        states = states if states_owned else states.clone()
+        self._pending.append(PendingContext(states, positions.clone(), slots.clone(), rows,
+                                            list(req_ids)))
         self._block_completed = bool(self.kv_block_size) and bool(
             ((positions + 1) % self.kv_block_size == 0).any())
         self.num_pending += int(positions.shape[0])

@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Thirteen patches, each logged once and safe to apply twice:
+Fourteen patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -62,7 +62,14 @@ Thirteen patches, each logged once and safe to apply twice:
    float64 uniforms (-log(1 - U)) instead of `exponential_`, and a seeded request's row is drawn
    once, from its own generator (vLLM draws every row twice in a seeded batch): ~6 ms of noise a
    step instead of ~37 at batch 16, seeded, on 2 cores (recovered_tokens.py). Same distribution
-   and kernel.
+   and kernel;
+14. a step that verified no draft and schedules none (k = 0 in a speculation schedule) hands
+   `LiliPropProposer.keep_plain_step` the target's taps, positions and batch, which is all its
+   deferred context keeps, instead of vLLM's path to `propose` (next tokens, the drafter's
+   padded input layout, a concatenation of the taps that the deferred context copied again).
+   At batch 16 on 2 cores that path cost ~0.7 ms of a ~50 ms plain step
+   (docs/measurements-smollm2.md); a schedule's plain step should cost what a plain engine's
+   does. Any other drafter, or a step the proposer cannot defer, takes vLLM's path.
 """
 
 from __future__ import annotations
@@ -248,6 +255,27 @@ def _wrap_sample(original: Callable) -> Callable:
     return _sample
 
 
+def _wrap_plain_step_proposal(original: Callable) -> Callable:
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                hidden_states, sample_hidden_states, aux_hidden_states,
+                                spec_decode_metadata, common_attn_metadata, slot_mappings):
+        keep = getattr(self.drafter, "keep_plain_step", None)
+        plain = (keep is not None and aux_hidden_states is not None
+                 and scheduler_output.num_spec_tokens_to_schedule == 0
+                 and (spec_decode_metadata is None or spec_decode_metadata.max_spec_len == 0))
+        if plain:
+            positions = self._get_positions(scheduler_output.total_num_scheduled_tokens)
+            drafts = keep(aux_hidden_states, positions, common_attn_metadata, sampling_metadata,
+                          sampled_token_ids, self.discard_request_mask.gpu, self.input_batch)
+            if drafts is not None:
+                return drafts
+        return original(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                        hidden_states, sample_hidden_states, aux_hidden_states,
+                        spec_decode_metadata, common_attn_metadata, slot_mappings)
+
+    return propose_draft_token_ids
+
+
 def _wrap_rejection_forward(original: Callable) -> Callable:
     from vllm_liliprop.vllm import greedy_verify
 
@@ -353,6 +381,7 @@ def apply_patches() -> None:
         (Scheduler, "make_stats", _wrap_make_stats),
         (gpu_model_runner.GPUModelRunner, "_get_draft_token_ids_cpu", _wrap_host_drafts),
         (gpu_model_runner.GPUModelRunner, "_sample", _wrap_sample),
+        (gpu_model_runner.GPUModelRunner, "propose_draft_token_ids", _wrap_plain_step_proposal),
         (SpecDecodingProm, "__init__", _wrap_spec_prom_init),
         (SpecDecodingProm, "observe", _wrap_spec_prom_observe),
     ):

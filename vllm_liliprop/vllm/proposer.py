@@ -180,6 +180,9 @@ class LiliPropProposer(DFlashProposer):
     # Those steps' context K/V written by the next pass that writes context, in one projection
     # (deferred_context.py; False: at once, every step).
     defer_plain_step_context = True
+    # Those steps handed over by the runner without vLLM's path to `propose` (keep_plain_step;
+    # False: vLLM's path, as tests compare).
+    plain_steps_from_runner = True
 
     def __new__(cls, *args, **kwargs):
         if cls is LiliPropProposer and not liliprop_allowed():
@@ -462,6 +465,40 @@ class LiliPropProposer(DFlashProposer):
             self._write_context_now(target_token_ids, target_positions, target_hidden_states,
                                     next_token_ids, cad, num_rejected_tokens_gpu)
         self.num_context_only_steps += 1
+        return torch.empty(batch, 0, device=self.device, dtype=torch.int64)
+
+    def keep_plain_step(self, taps: list[torch.Tensor], positions: torch.Tensor, cad,
+                        sampling_metadata, sampled_token_ids: torch.Tensor,
+                        discard_request_mask: torch.Tensor, input_batch) -> torch.Tensor | None:
+        """A step that verified no draft and schedules none (a speculation schedule's k = 0),
+        handed over by the runner (patching.py, patch 14) with the target's taps as they are.
+        Does what prepare_next_token_ids_padded and propose do at such a step (the batch and
+        acceptance bookkeeping, the deferred context) without vLLM's path between them: next
+        tokens, the drafter's input layout and a second copy of the taps, none of which a
+        deferred context reads. The empty draft; None, having changed nothing, where the
+        context cannot be deferred (the runner then takes vLLM's path)."""
+        batch = cad.batch_size()
+        rows = request_rows(cad.query_start_loc[: batch + 1], positions.shape[0], positions.device)
+        if (rows is None or input_batch.num_reqs != batch or not self.plain_steps_from_runner
+                or not self.defer_plain_step_context or not self.skip_plain_step_queries):
+            return None
+        self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
+                               input_batch.req_ids)
+        self._step_req_ids = list(input_batch.req_ids[:batch])
+        self._deferred.keep_requests(self._step_req_ids)
+        self.num_speculative_tokens = 0
+        self._lookup = self._last_draft_probs = None
+        sampled_k = None if sampling_metadata.all_greedy else sampled_k_at(self._sampled_k, batch)
+        if sampled_k == 0 and sampling_metadata.all_random and self._sampled_skip_context:
+            self.num_sampled_context_skips += 1  # no request here ever reads its context
+            self.num_sampled_plain_steps += 1
+        else:
+            states = torch.cat([tap[: positions.shape[0]] for tap in taps], dim=-1)
+            slots = context_slots(positions, rows, cad.block_table_tensor, self.block_size)
+            self._deferred.add(states, positions, slots, rows, self._step_req_ids, states_owned=True)
+            if self._deferred.must_write():
+                self._write_deferred_context()
+            self.num_context_only_steps += 1
         return torch.empty(batch, 0, device=self.device, dtype=torch.int64)
 
     def _write_context_now(self, target_token_ids, target_positions, target_hidden_states,

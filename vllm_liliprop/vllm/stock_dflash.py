@@ -50,6 +50,9 @@ def vllm_dflash_class(liliprop_class: type) -> type:
         if name not in ("__module__", "__doc__", "__new__", "__qualname__")
         and hasattr(DFlashProposer, name)
     }
+    # The runner's plain-step hand-over (patching.py, patch 14) looks for this hook: without
+    # it, vLLM's own proposer gets vLLM's path at every step.
+    own["keep_plain_step"] = None
     doc = "vLLM's DFlashProposer under the runner's rebound name (vllm_liliprop/vllm/stock_dflash.py)."
     return type("VllmDFlashProposer", (liliprop_class,), {**own, "__doc__": doc,
                                                           "__module__": __name__})
