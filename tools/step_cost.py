@@ -56,8 +56,11 @@ def _wrap(owner, name: str, seconds: collections.Counter, key: str) -> None:
 
 
 # Arms of --plain-steps: a speculative engine (k = 1) whose schedule drafts nothing at any batch
-# size, with this package's context-only step and with vLLM's full query pass at k = 0.
-PLAIN_STEP_ARMS = {"k=0 context only": True, "k=0 query pass": False}
+# size, each with these proposer class settings: the step handed over by the runner (patch 14),
+# the same context-only step through vLLM's path to propose(), and vLLM's full query pass.
+PLAIN_STEP_ARMS = {"k=0 handed over": {},
+                   "k=0 context only, vLLM's path": {"plain_steps_from_runner": False},
+                   "k=0 query pass": {"skip_plain_step_queries": False}}
 
 
 @contextlib.contextmanager
@@ -82,21 +85,23 @@ def vllm_verify(on: bool):
 
 
 def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
-                plain_steps: bool | None = None, temperature: float = 0.0,
+                plain_steps: dict | None = None, temperature: float = 0.0,
                 seeded: bool = False, options: dict | None = None) -> dict[str, float]:
     """ms per engine step of each timed method for one engine (k = 0: plain decoding;
-    plain_steps True / False: a speculative engine at k = 0 throughout, whose proposer skips /
-    runs the drafter's query pass; options: this package's draft-rule options)."""
+    plain_steps: a speculative engine at k = 0 throughout, with these LiliPropProposer class
+    settings (PLAIN_STEP_ARMS); options: this package's draft-rule options)."""
     from vllm import LLM, SamplingParams
 
     from vllm_liliprop.vllm.offline import liliprop_options_env
     from vllm_liliprop.vllm.proposer import LiliPropProposer
 
     spec = None if k == 0 else {"method": "dflash", "model": draft, "num_speculative_tokens": k}
+    saved = {name: getattr(LiliPropProposer, name) for name in plain_steps or {}}
     if plain_steps is not None:
         spec = {"method": "dflash", "model": draft, "num_speculative_tokens": 1,
                 "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
-        LiliPropProposer.skip_plain_step_queries = plain_steps
+        for name, value in plain_steps.items():
+            setattr(LiliPropProposer, name, value)
     with liliprop_options_env(options):
         llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
                   speculative_config=spec, max_num_seqs=concurrency)
@@ -130,7 +135,8 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
     row.update({key: 1000 * value / steps for key, value in seconds.items()})
     del llm, engine, runner, drafter
     gc.collect()
-    LiliPropProposer.skip_plain_step_queries = True
+    for name, value in saved.items():
+        setattr(LiliPropProposer, name, value)
     return row
 
 
@@ -166,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sampled_k0:
             arms[f"k={k} sampled_k 0"] = (int(k), None, False, SAMPLED_K0)
     if args.plain_steps:
-        arms.update({name: (1, skip, False, None) for name, skip in PLAIN_STEP_ARMS.items()})
+        arms.update({name: (1, settings, False, None) for name, settings in PLAIN_STEP_ARMS.items()})
     rows: dict[str, list[dict]] = collections.defaultdict(list)
     for _ in range(args.rounds):
         for name, (k, plain_steps, stock_verify, options) in arms.items():

@@ -227,6 +227,8 @@ class LiliPropProposer(DFlashProposer):
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
         self._deferred = DeferredContext(kv_block_size=cached_block_size(vllm_config))
         self._step_req_ids: list[str] | None = None  # this step's batch, in order
+        # Row b of a decode step's token b (keep_plain_step); read-only, so slices are kept.
+        self._decode_rows = torch.arange(self.max_batch_size, dtype=torch.int64, device=device)
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
@@ -477,8 +479,11 @@ class LiliPropProposer(DFlashProposer):
         tokens, the drafter's input layout and a second copy of the taps, none of which a
         deferred context reads. The empty draft; None, having changed nothing, where the
         context cannot be deferred (the runner then takes vLLM's path)."""
-        batch = cad.batch_size()
-        rows = request_rows(cad.query_start_loc[: batch + 1], positions.shape[0], positions.device)
+        batch, num_tokens = cad.batch_size(), positions.shape[0]
+        # A request scheduled in a step has a token or more: as many tokens as requests is
+        # one each, in batch order.
+        rows = (self._decode_rows[:batch] if num_tokens == batch else
+                request_rows(cad.query_start_loc[: batch + 1], num_tokens, positions.device))
         if (rows is None or input_batch.num_reqs != batch or not self.plain_steps_from_runner
                 or not self.defer_plain_step_context or not self.skip_plain_step_queries):
             return None
@@ -493,9 +498,11 @@ class LiliPropProposer(DFlashProposer):
             self.num_sampled_context_skips += 1  # no request here ever reads its context
             self.num_sampled_plain_steps += 1
         else:
-            states = torch.cat([tap[: positions.shape[0]] for tap in taps], dim=-1)
-            slots = context_slots(positions, rows, cad.block_table_tensor, self.block_size)
-            self._deferred.add(states, positions, slots, rows, self._step_req_ids, states_owned=True)
+            states = torch.cat([tap[:num_tokens] for tap in taps], dim=-1)
+            # The runner's slots of the step's tokens in the drafter's KV group (its metadata is
+            # that group's): what context_slots computes from the same block table.
+            self._deferred.add(states, positions, cad.slot_mapping[:num_tokens], rows,
+                               self._step_req_ids, states_owned=True)
             if self._deferred.must_write():
                 self._write_deferred_context()
             self.num_context_only_steps += 1
