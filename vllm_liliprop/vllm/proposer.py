@@ -227,8 +227,7 @@ class LiliPropProposer(DFlashProposer):
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
         self._deferred = DeferredContext(kv_block_size=cached_block_size(vllm_config))
         self._step_req_ids: list[str] | None = None  # this step's batch, in order
-        # Row b of a decode step's token b (keep_plain_step); read-only, so slices are kept.
-        self._decode_rows = torch.arange(self.max_batch_size, dtype=torch.int64, device=device)
+        self._decode_rows = torch.empty(0, dtype=torch.int64)  # _rows_of_decode_step's arange
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
@@ -482,7 +481,7 @@ class LiliPropProposer(DFlashProposer):
         batch, num_tokens = cad.batch_size(), positions.shape[0]
         # A request scheduled in a step has a token or more: as many tokens as requests is
         # one each, in batch order.
-        rows = (self._decode_rows[:batch] if num_tokens == batch else
+        rows = (self._rows_of_decode_step(batch, positions.device) if num_tokens == batch else
                 request_rows(cad.query_start_loc[: batch + 1], num_tokens, positions.device))
         if (rows is None or input_batch.num_reqs != batch or not self.plain_steps_from_runner
                 or not self.defer_plain_step_context or not self.skip_plain_step_queries):
@@ -507,6 +506,13 @@ class LiliPropProposer(DFlashProposer):
                 self._write_deferred_context()
             self.num_context_only_steps += 1
         return torch.empty(batch, 0, device=self.device, dtype=torch.int64)
+
+    def _rows_of_decode_step(self, batch: int, device) -> torch.Tensor:
+        """Row b of a decode step's token b: a slice of one kept arange, never written, so the
+        deferred context keeps slices of it."""
+        if self._decode_rows.shape[0] < batch or self._decode_rows.device != device:
+            self._decode_rows = torch.arange(max(batch, 256), dtype=torch.int64, device=device)
+        return self._decode_rows[:batch]
 
     def _write_context_now(self, target_token_ids, target_positions, target_hidden_states,
                            next_token_ids, cad, num_rejected_tokens_gpu) -> None:
