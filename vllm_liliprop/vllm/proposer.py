@@ -374,8 +374,7 @@ class LiliPropProposer(DFlashProposer):
                 num_rejected_tokens_gpu=None, slot_mappings=None):
         batch = common_attn_metadata.batch_size()
         sampled_k = None if sampling_metadata.all_greedy else sampled_k_at(self._sampled_k, batch)
-        # Every request sampled and none allowed a draft at this batch size (sampled_drafts.py).
-        none_drafts = sampled_k == 0 and sampling_metadata.all_random
+        none_drafts = self._none_drafts(sampling_metadata, batch)
         self._lookup = self._look_up_if_drafting(0 if none_drafts else num_speculative_tokens)
         looked_up = self._lookup_for_every_row(batch, num_speculative_tokens)
         needs_queries = num_speculative_tokens > 0 and looked_up is None and not none_drafts
@@ -407,6 +406,10 @@ class LiliPropProposer(DFlashProposer):
         self.num_lookup_rows += looked_up.shape[0]
         self.num_lookup_only_steps += 1
         return cut_sampled_rows(looked_up.to(self.device), sampling_metadata.temperature, sampled_k)
+
+    def _none_drafts(self, sampling_metadata, batch: int) -> bool:
+        """Every request sampled and none allowed a draft at this batch size (sampled_drafts.py)."""
+        return sampling_metadata.all_random and sampled_k_at(self._sampled_k, batch) == 0
 
     def _queried_k(self, k: int) -> int:
         """The masks to query for a step that verifies k drafts: with a rule, the drafter's
@@ -455,14 +458,10 @@ class LiliPropProposer(DFlashProposer):
             # positions and slots are all a deferred write needs.
             positions = target_positions[: target_token_ids.shape[0]]
             rows = request_rows(cad.query_start_loc[: batch + 1], positions.shape[0], positions.device)
-            defer = rows is not None and self._deferred.add(
+            defer = rows is not None and self._defer_context(
                 target_hidden_states, positions,
-                context_slots(positions, rows, cad.block_table_tensor, self.block_size),
-                rows, self._step_req_ids)
-        if defer:
-            if self._deferred.must_write():
-                self._write_deferred_context()
-        else:
+                context_slots(positions, rows, cad.block_table_tensor, self.block_size), rows)
+        if not defer:
             self._write_context_now(target_token_ids, target_positions, target_hidden_states,
                                     next_token_ids, cad, num_rejected_tokens_gpu)
         self.num_context_only_steps += 1
@@ -486,26 +485,30 @@ class LiliPropProposer(DFlashProposer):
         if (rows is None or input_batch.num_reqs != batch or not self.plain_steps_from_runner
                 or not self.defer_plain_step_context or not self.skip_plain_step_queries):
             return None
-        self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
-                               input_batch.req_ids)
-        self._step_req_ids = list(input_batch.req_ids[:batch])
-        self._deferred.keep_requests(self._step_req_ids)
+        self._begin_step(sampled_token_ids, discard_request_mask, input_batch)
         self.num_speculative_tokens = 0
         self._lookup = self._last_draft_probs = None
-        sampled_k = None if sampling_metadata.all_greedy else sampled_k_at(self._sampled_k, batch)
-        if sampled_k == 0 and sampling_metadata.all_random and self._sampled_skip_context:
+        if self._none_drafts(sampling_metadata, batch) and self._sampled_skip_context:
             self.num_sampled_context_skips += 1  # no request here ever reads its context
             self.num_sampled_plain_steps += 1
         else:
             states = torch.cat([tap[:num_tokens] for tap in taps], dim=-1)
             # The runner's slots of the step's tokens in the drafter's KV group (its metadata is
             # that group's): what context_slots computes from the same block table.
-            self._deferred.add(states, positions, cad.slot_mapping[:num_tokens], rows,
-                               self._step_req_ids, states_owned=True)
-            if self._deferred.must_write():
-                self._write_deferred_context()
+            self._defer_context(states, positions, cad.slot_mapping[:num_tokens], rows,
+                                states_owned=True)
             self.num_context_only_steps += 1
         return torch.empty(batch, 0, device=self.device, dtype=torch.int64)
+
+    def _defer_context(self, states, positions, slots, rows, states_owned: bool = False) -> bool:
+        """Keep a plain step's context for a later write (deferred_context.py), writing all that
+        is pending now if it must be; False, keeping nothing, where it cannot be kept."""
+        if not self._deferred.add(states, positions, slots, rows, self._step_req_ids,
+                                  states_owned=states_owned):
+            return False
+        if self._deferred.must_write():
+            self._write_deferred_context()
+        return True
 
     def _rows_of_decode_step(self, batch: int, device) -> torch.Tensor:
         """Row b of a decode step's token b: a slice of one kept arange, never written, so the
@@ -578,14 +581,19 @@ class LiliPropProposer(DFlashProposer):
         if result is None:
             result = super().prepare_next_token_ids_padded(
                 sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
-        batch = sampled_token_ids.shape[0]
-        self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
-                               gpu_input_batch.req_ids)
-        self._step_req_ids = list(gpu_input_batch.req_ids[:gpu_input_batch.num_reqs])
-        self._deferred.keep_requests(self._step_req_ids)  # before any write: see the module
+        self._begin_step(sampled_token_ids, discard_request_mask, gpu_input_batch)
         if self._lookup_lengths is not None:  # looked up in propose(), where the step drafts
             self._lookup_inputs = (sampled_token_ids, gpu_input_batch, discard_request_mask)
         return result
+
+    def _begin_step(self, sampled_token_ids, discard_request_mask, input_batch) -> None:
+        """A step's batch bookkeeping, before its context is kept or written: the acceptance of
+        the last step's drafts, this step's requests, and the pending context of the ones gone."""
+        batch = sampled_token_ids.shape[0]
+        self._track_acceptance("verify", sampled_token_ids, ~discard_request_mask[:batch],
+                               input_batch.req_ids)
+        self._step_req_ids = list(input_batch.req_ids[:input_batch.num_reqs])
+        self._deferred.keep_requests(self._step_req_ids)  # before any write: see the module
 
     def _look_up_if_drafting(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This step's prompt lookup, run only where the step drafts (k > 0): a plain step of a
