@@ -9,17 +9,24 @@ plain decoding. So a plain step keeps the step's raw tap states, positions and K
 the first pass that writes context again (a drafting step, or a plain step once `max_tokens` are
 pending) writes them all in one projection, before its own.
 
-The slots are only safe to write while their request holds its blocks: a request missing from a
-step's batch (finished, preempted) may have had its blocks handed to another, so its pending
-tokens are dropped (`keep_requests`, called with every step's batch before anything is written).
-A request that comes back after that recomputes its context in its prefill.
-
-A full KV block, though, may be kept by vLLM's prefix cache and served to a later request (a
-conversation's next turn), drafter K/V included: dropped tokens there would leave that request's
-drafts reading unwritten context (on SmolLM2 with the prefix cache's last block kept, tau 1.592
-against 1.636). So a plain step that completes any request's KV block writes everything pending
-(`must_write`): only tokens of a request's last, partial block are ever dropped, and vLLM caches
-no partial block. Plain torch.
+The slots are only safe to write while their request holds its blocks. When a request leaves
+(finished, preempted, or missing from a step's batch: `depart`, `keep_requests`), its pending
+tokens in its last, partial KV block are dropped: vLLM caches no partial block, and a request
+that comes back recomputes it. Its tokens in full blocks, though, may be served by vLLM's prefix
+cache to a later request (a conversation's next turn), drafter K/V included, and a draft over
+unwritten context is a worse draft (on SmolLM2, tau 1.592 against 1.636 for second turns). They
+are parked by KV block instead:
+- a step whose scheduler output shows a prefix-cache hit (`hit_blocks`) returns the parked
+  tokens of the blocks hit for an immediate write, and makes the step write all that is pending
+  (`must_write`), so the hitting request's drafts read what a write at once would have left;
+- a parked block that the scheduler hands to a request (`forget_blocks`) is dropped: its slots
+  are the new owner's now;
+- parked tokens beyond `max_parked_tokens` are dropped oldest block first (the memory bound:
+  raw taps are ~5x the drafter's K/V a token). A later hit on such a block drafts over unwritten
+  context: output is still the target's, drafts are worse.
+Until this, every plain step that completed a KV block wrote everything pending, so a k = 0
+engine projected every prompt's full blocks, which no request may ever read (at batch 16 with
+~150-token prompts, ~1.5% of the step time on 2 cores). Plain torch.
 """
 
 from __future__ import annotations
@@ -61,16 +68,24 @@ class PendingContext:
     req_ids: list[str]
 
 
+Context = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (states, positions, slots)
+
+
 class DeferredContext:
-    def __init__(self, max_tokens: int = 8192, kv_block_size: int | None = None):
+    def __init__(self, max_tokens: int = 8192, kv_block_size: int | None = None,
+                 max_parked_tokens: int = 8192):
         self.max_tokens = max_tokens
         self.kv_block_size = kv_block_size  # None: no block is ever kept by a prefix cache
-        self._block_completed = False  # the last add() held the last token of a KV block
+        self.max_parked_tokens = max_parked_tokens
+        self._hit = False  # this step's scheduler output showed a prefix-cache hit
         self._pending: list[PendingContext] = []
-        self._batch: list[str] = []  # the last batch keep_requests saw
+        self._parked: dict[int, list[Context]] = {}  # KV block id -> its tokens, oldest block first
+        self._batch: list[str] = []  # the requests pending tokens may belong to
         self.num_pending = 0  # tokens waiting for their K/V write
+        self.num_parked = 0  # tokens of departed requests' full blocks, kept for a prefix hit
         self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
-        self.num_dropped_tokens = 0  # of those, tokens dropped with their request
+        self.num_dropped_tokens = 0  # of those, tokens never written
+        self.num_revived_tokens = 0  # of those, parked tokens written for a prefix hit
 
     def add(self, states, positions, slots, rows, req_ids: list[str],
             states_owned: bool = False) -> bool:
@@ -83,44 +98,116 @@ class DeferredContext:
         states = states if states_owned else states.clone()
         self._pending.append(PendingContext(states, positions.clone(), slots.clone(), rows,
                                             list(req_ids)))
-        self._block_completed = bool(self.kv_block_size) and bool(
-            ((positions + 1) % self.kv_block_size == 0).any())
         self.num_pending += int(positions.shape[0])
         self.num_deferred_tokens += int(positions.shape[0])
         return True
 
     def must_write(self) -> bool:
-        """Whether the pending tokens must be written now: more than `max_tokens` of them, or the
-        last add() completed a KV block that a prefix cache may serve to another request."""
-        return self.num_pending > self.max_tokens or (self._block_completed and self.num_pending > 0)
+        """Whether the pending tokens must be written now: more than `max_tokens` of them, or
+        this step's scheduler output showed a prefix-cache hit (`hit_blocks`)."""
+        return self.num_pending > self.max_tokens or (self._hit and self.num_pending > 0)
 
     def keep_requests(self, req_ids: list[str]) -> None:
-        """Drop the pending tokens of every request not in this step's batch. Called every
-        step, so an unchanged batch (nobody left) returns at once."""
-        unchanged, self._batch = req_ids == self._batch, list(req_ids)
-        if unchanged or not self._pending:
+        """Let go of the pending tokens of every request not in this step's batch (`depart`).
+        Called every step, so an unchanged batch returns at once."""
+        unchanged = req_ids == self._batch
+        if not unchanged:
+            present = set(req_ids)
+            self.depart({rid for entry in self._pending for rid in entry.req_ids if rid not in present})
+        self._batch = list(req_ids)
+
+    def depart(self, gone: set[str]) -> None:
+        """Requests that left (finished, preempted, or out of the batch): their pending tokens in
+        full KV blocks parked, the rest dropped (see the module)."""
+        self._batch = [rid for rid in self._batch if rid not in gone]
+        if not gone or not self._pending:
             return
-        present = set(req_ids)
+        full_end = self._full_block_ends(gone)
         kept = []
         for entry in self._pending:
-            here = [rid in present for rid in entry.req_ids]
-            if all(here):
+            rows, leaving = entry.rows, [rid in gone for rid in entry.req_ids]
+            # An entry keeps the req_ids of its step, so a request may have left it already.
+            leaves = torch.tensor(leaving, device=rows.device)[rows] if any(leaving) else None
+            if leaves is None or not bool(leaves.any()):
                 kept.append(entry)
                 continue
-            mask = torch.tensor(here, device=entry.rows.device)[entry.rows]
-            dropped = int((~mask).sum())
-            self.num_dropped_tokens += dropped
-            self.num_pending -= dropped
-            if bool(mask.any()):
-                kept.append(PendingContext(entry.states[mask], entry.positions[mask],
-                                           entry.slots[mask], entry.rows[mask], entry.req_ids))
+            ends = torch.tensor([full_end.get(rid, 0) for rid in entry.req_ids], device=rows.device)[rows]
+            park = leaves & (entry.positions < ends)
+            self._park(entry.states[park], entry.positions[park], entry.slots[park])
+            self.num_dropped_tokens += int((leaves & ~park).sum())
+            self.num_pending -= int(leaves.sum())
+            if not bool(leaves.all()):
+                stay = ~leaves
+                kept.append(PendingContext(entry.states[stay], entry.positions[stay],
+                                           entry.slots[stay], rows[stay], entry.req_ids))
         self._pending = kept
+        self._bound_parked()
 
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _full_block_ends(self, gone: set[str]) -> dict[str, int]:
+        """The first position past each departed request's last full KV block (0 without a
+        prefix cache: nothing is parked). Its pending tokens are the latest it computed, so
+        the last of them is where its KV blocks end."""
+        if not self.kv_block_size:
+            return {}
+        last: dict[str, int] = {}
+        for entry in self._pending:
+            if not any(rid in gone for rid in entry.req_ids):
+                continue
+            latest = torch.full((len(entry.req_ids),), -1, dtype=entry.positions.dtype,
+                                device=entry.positions.device)
+            latest = latest.scatter_reduce(0, entry.rows, entry.positions, "amax").tolist()
+            for rid, position in zip(entry.req_ids, latest):
+                if rid in gone:
+                    last[rid] = max(last.get(rid, -1), int(position))
+        size = self.kv_block_size
+        return {rid: (position + 1) // size * size for rid, position in last.items()}
+
+    def _park(self, states, positions, slots) -> None:
+        if positions.shape[0] == 0:
+            return
+        blocks = slots // self.kv_block_size
+        for block in blocks.unique().tolist():
+            mine = blocks == block
+            self._parked.setdefault(block, []).append((states[mine], positions[mine], slots[mine]))
+        self.num_parked += int(positions.shape[0])
+
+    def _bound_parked(self) -> None:
+        while self.num_parked > self.max_parked_tokens:
+            oldest = next(iter(self._parked))
+            self._drop_parked(oldest)
+
+    def _drop_parked(self, block: int) -> int:
+        dropped = sum(int(part[1].shape[0]) for part in self._parked.pop(block))
+        self.num_parked -= dropped
+        self.num_dropped_tokens += dropped
+        return dropped
+
+    def parked_blocks(self):
+        return self._parked.keys()
+
+    def forget_blocks(self, block_ids) -> None:
+        """KV blocks the scheduler just handed to a request: their parked tokens are dropped."""
+        for block in block_ids:
+            if block in self._parked:
+                self._drop_parked(block)
+
+    def hit_blocks(self, block_ids) -> Context | None:
+        """A step whose requests hit these KV blocks in the prefix cache: the parked tokens of
+        those blocks, to be written now, and every pending token written by this step."""
+        self._hit = True
+        parts = [part for block in block_ids for part in self._parked.pop(block, ())]
+        if not parts:
+            return None
+        revived = tuple(torch.cat([part[i] for part in parts]) for i in range(3))
+        self.num_parked -= int(revived[1].shape[0])
+        self.num_revived_tokens += int(revived[1].shape[0])
+        return revived
+
+    def take(self) -> Context | None:
         """(states, positions, slots) of every pending token, oldest first, and forget them;
         None when nothing is pending."""
         pending, self._pending = self._pending, []
-        self._block_completed = False
+        self._hit = False
         if not pending:
             return None
         self.num_pending = 0

@@ -1,6 +1,6 @@
 """Every change this package makes to vLLM, in one place.
 
-Fourteen patches, each logged once and safe to apply twice:
+Fifteen patches, each logged once and safe to apply twice:
 1. the V1 model runner builds `LiliPropProposer` wherever it would build `DFlashProposer`
    (a subclass, so vLLM's isinstance checks still hold);
 2. a LiLiCorr checkpoint served by this package is no longer refused on the V1 runner
@@ -69,7 +69,12 @@ Fourteen patches, each logged once and safe to apply twice:
    padded input layout, a concatenation of the taps that the deferred context copied again).
    At batch 16 on 2 cores that path cost ~0.7 ms of a ~50 ms plain step
    (docs/measurements-smollm2.md); a schedule's plain step should cost what a plain engine's
-   does. Any other drafter, or a step the proposer cannot defer, takes vLLM's path.
+   does. Any other drafter, or a step the proposer cannot defer, takes vLLM's path;
+15. the runner shows `LiliPropProposer.observe_schedule` every step's scheduler output once it
+   has applied it (`_update_states`), before the forward: the requests that left, the KV blocks
+   handed out and the blocks hit in the prefix cache. That lets the deferred context keep a
+   departed request's full blocks until a later request hits them, instead of writing every
+   completed block in case one does (deferred_context.py). Other drafters have no such hook.
 """
 
 from __future__ import annotations
@@ -276,6 +281,17 @@ def _wrap_plain_step_proposal(original: Callable) -> Callable:
     return propose_draft_token_ids
 
 
+def _wrap_update_states(original: Callable) -> Callable:
+    def _update_states(self, scheduler_output):
+        result = original(self, scheduler_output)
+        observe = getattr(getattr(self, "drafter", None), "observe_schedule", None)
+        if observe is not None:
+            observe(scheduler_output)
+        return result
+
+    return _update_states
+
+
 def _wrap_rejection_forward(original: Callable) -> Callable:
     from vllm_liliprop.vllm import greedy_verify
 
@@ -382,6 +398,7 @@ def apply_patches() -> None:
         (gpu_model_runner.GPUModelRunner, "_get_draft_token_ids_cpu", _wrap_host_drafts),
         (gpu_model_runner.GPUModelRunner, "_sample", _wrap_sample),
         (gpu_model_runner.GPUModelRunner, "propose_draft_token_ids", _wrap_plain_step_proposal),
+        (gpu_model_runner.GPUModelRunner, "_update_states", _wrap_update_states),
         (SpecDecodingProm, "__init__", _wrap_spec_prom_init),
         (SpecDecodingProm, "observe", _wrap_spec_prom_observe),
     ):

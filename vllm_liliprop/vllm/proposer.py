@@ -59,6 +59,7 @@ from vllm_liliprop.rules.fallback import FaultCounter, apply_fallback, replace_r
 from vllm_liliprop.sampled_drafts import cut_sampled_rows, sampled_k_at, sampled_never_draft
 from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
+from vllm_liliprop.vllm.block_events import block_events, departed_requests
 from vllm_liliprop.vllm.deferred_context import DeferredContext, context_slots, request_rows
 from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
@@ -226,6 +227,7 @@ class LiliPropProposer(DFlashProposer):
         self._max_k = int(self.num_speculative_tokens)  # the configured k (a schedule's maximum)
         self._verified_k = self._max_k  # the k this step verifies (a schedule's pick)
         self._deferred = DeferredContext(kv_block_size=cached_block_size(vllm_config))
+        self.num_schedule_faults = 0  # steps whose KV blocks observe_schedule could not follow
         self._step_req_ids: list[str] | None = None  # this step's batch, in order
         self._decode_rows = torch.empty(0, dtype=torch.int64)  # _rows_of_decode_step's arange
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
@@ -542,11 +544,39 @@ class LiliPropProposer(DFlashProposer):
 
     def _write_deferred_context(self) -> None:
         pending = self._deferred.take()
-        if pending is None:
-            return
-        states, positions, slots = pending
+        if pending is not None:
+            self._write_context(*pending)
+
+    def _write_context(self, states, positions, slots) -> None:
         self.model.precompute_and_store_context_kv(self.model.combine_hidden_states(states),
                                                    positions, slots)
+
+    def observe_schedule(self, scheduler_output) -> None:
+        """Every step's scheduler output, before its forward (patching.py, patch 15), for the
+        deferred context: requests that left park or drop their tokens, parked blocks handed
+        to a request are dropped, parked blocks hit in the prefix cache are written now and
+        the step writes what is pending (deferred_context.py). Where this fails, every parked
+        token is dropped: later drafts over those blocks are worse, the output is unchanged."""
+        deferred = self._deferred
+        try:
+            gone = departed_requests(scheduler_output)
+            if gone:
+                deferred.depart(gone)
+            if deferred.kv_block_size is None:
+                return
+            allocated, hit = block_events(scheduler_output, max(int(self.kv_cache_gid), 0),
+                                          deferred.kv_block_size, running=deferred.num_parked > 0)
+            deferred.forget_blocks(allocated)
+            revived = deferred.hit_blocks(hit) if hit else None
+            if revived is not None:
+                self._write_context(*revived)
+        except Exception:  # noqa: BLE001 - a rule's fault must never stop the engine
+            deferred.forget_blocks(list(deferred.parked_blocks()))
+            self.num_schedule_faults += 1
+            if self.num_schedule_faults == 1:
+                logger.warning("vllm-liliprop could not follow the scheduler's KV blocks; parked "
+                               "context dropped (drafts over it will be worse; logged once)",
+                               exc_info=True)
 
     def _advise_trained_block(self) -> None:
         if self.anchor_layout:  # DSpark's anchor layout queries k tokens by design

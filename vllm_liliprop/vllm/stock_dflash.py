@@ -53,6 +53,7 @@ def vllm_dflash_class(liliprop_class: type) -> type:
     # The runner's plain-step hand-over (patching.py, patch 14) looks for this hook: without
     # it, vLLM's own proposer gets vLLM's path at every step.
     own["keep_plain_step"] = None
+    own["observe_schedule"] = None  # and the scheduler-output hook (patch 15) none
     doc = "vLLM's DFlashProposer under the runner's rebound name (vllm_liliprop/vllm/stock_dflash.py)."
     return type("VllmDFlashProposer", (liliprop_class,), {**own, "__doc__": doc,
                                                           "__module__": __name__})
