@@ -118,69 +118,69 @@ class DeferredContext:
 
     def depart(self, gone: set[str]) -> None:
         """Requests that left (finished, preempted, or out of the batch): their pending tokens in
-        full KV blocks parked, the rest dropped (see the module)."""
+        full KV blocks parked, the rest dropped (see the module). The masks come from a few
+        vector ops over every pending token; states are copied only where an entry changes."""
         self._batch = [rid for rid in self._batch if rid not in gone]
-        if not gone or not self._pending:
+        names = list(dict.fromkeys(rid for entry in self._pending for rid in entry.req_ids))
+        if not any(rid in gone for rid in names):
             return
-        full_end = self._full_block_ends(gone)
-        kept = []
-        for entry in self._pending:
-            rows, leaving = entry.rows, [rid in gone for rid in entry.req_ids]
-            # An entry keeps the req_ids of its step, so a request may have left it already.
-            leaves = torch.tensor(leaving, device=rows.device)[rows] if any(leaving) else None
-            if leaves is None or not bool(leaves.any()):
+        device = self._pending[0].rows.device
+        index = {rid: i for i, rid in enumerate(names)}
+        owner = torch.cat([torch.tensor([index[rid] for rid in entry.req_ids], device=device)[entry.rows]
+                           for entry in self._pending])
+        leaves = torch.tensor([rid in gone for rid in names], device=device)[owner]
+        positions = torch.cat([entry.positions for entry in self._pending])
+        park = leaves & (positions < self._full_block_ends(owner, positions, len(names)))
+        sizes = [entry.positions.shape[0] for entry in self._pending]
+        kept, parked = [], []
+        for entry, leave, keep in zip(self._pending, leaves.split(sizes), park.split(sizes)):
+            if not bool(leave.any()):  # an entry its leavers had left already
                 kept.append(entry)
                 continue
-            ends = torch.tensor([full_end.get(rid, 0) for rid in entry.req_ids], device=rows.device)[rows]
-            park = leaves & (entry.positions < ends)
-            self._park(entry.states[park], entry.positions[park], entry.slots[park])
-            self.num_dropped_tokens += int((leaves & ~park).sum())
-            self.num_pending -= int(leaves.sum())
-            if not bool(leaves.all()):
-                stay = ~leaves
-                kept.append(PendingContext(entry.states[stay], entry.positions[stay],
-                                           entry.slots[stay], rows[stay], entry.req_ids))
+            if bool(keep.any()):
+                parked.append((entry.states[keep], entry.positions[keep], entry.slots[keep]))
+            stay = ~leave
+            if bool(stay.any()):
+                kept.append(PendingContext(entry.states[stay], entry.positions[stay], entry.slots[stay],
+                                           entry.rows[stay], entry.req_ids))
+        num_leaving, num_parked = int(leaves.sum()), int(park.sum())
+        self.num_dropped_tokens += num_leaving - num_parked
+        self.num_pending -= num_leaving
         self._pending = kept
-        self._bound_parked()
+        if parked:
+            self._park(*(torch.cat(parts) for parts in zip(*parked)))
+            self._bound_parked()
 
-    def _full_block_ends(self, gone: set[str]) -> dict[str, int]:
-        """The first position past each departed request's last full KV block (0 without a
-        prefix cache: nothing is parked). Its pending tokens are the latest it computed, so
-        the last of them is where its KV blocks end."""
+    def _full_block_ends(self, owner, positions, num_requests: int) -> torch.Tensor:
+        """[n] the first position past the last full KV block of each token's request (0 without
+        a prefix cache: nothing is parked). A request's pending tokens are the latest it
+        computed, so the last of them is where its KV blocks end."""
         if not self.kv_block_size:
-            return {}
-        last: dict[str, int] = {}
-        for entry in self._pending:
-            if not any(rid in gone for rid in entry.req_ids):
-                continue
-            latest = torch.full((len(entry.req_ids),), -1, dtype=entry.positions.dtype,
-                                device=entry.positions.device)
-            latest = latest.scatter_reduce(0, entry.rows, entry.positions, "amax").tolist()
-            for rid, position in zip(entry.req_ids, latest):
-                if rid in gone:
-                    last[rid] = max(last.get(rid, -1), int(position))
-        size = self.kv_block_size
-        return {rid: (position + 1) // size * size for rid, position in last.items()}
+            return torch.zeros_like(positions)
+        latest = torch.full((num_requests,), -1, dtype=positions.dtype, device=positions.device)
+        latest = latest.scatter_reduce(0, owner, positions, "amax")
+        return ((latest + 1) // self.kv_block_size * self.kv_block_size)[owner]
 
     def _park(self, states, positions, slots) -> None:
-        if positions.shape[0] == 0:
-            return
-        blocks = slots // self.kv_block_size
-        for block in blocks.unique().tolist():
-            mine = blocks == block
-            self._parked.setdefault(block, []).append((states[mine], positions[mine], slots[mine]))
+        """Departed tokens filed by KV block: a view of each run of one block's tokens (a
+        request's tokens of a step are contiguous, so a prompt's block is one run)."""
+        ids, counts = torch.unique_consecutive(slots // self.kv_block_size, return_counts=True)
+        counts = counts.tolist()
+        for block, *part in zip(ids.tolist(), states.split(counts), positions.split(counts),
+                                slots.split(counts)):
+            self._parked.setdefault(block, []).append(tuple(part))
         self.num_parked += int(positions.shape[0])
 
     def _bound_parked(self) -> None:
+        # Parked parts are views of one copy per departure, freed with the last of its blocks.
         while self.num_parked > self.max_parked_tokens:
             oldest = next(iter(self._parked))
             self._drop_parked(oldest)
 
-    def _drop_parked(self, block: int) -> int:
+    def _drop_parked(self, block: int) -> None:
         dropped = sum(int(part[1].shape[0]) for part in self._parked.pop(block))
         self.num_parked -= dropped
         self.num_dropped_tokens += dropped
-        return dropped
 
     def parked_blocks(self):
         return self._parked.keys()
