@@ -91,12 +91,12 @@ def test_a_departed_request_parks_its_full_blocks_and_drops_the_rest():
 
 
 def test_departures_named_by_the_scheduler_and_the_parked_bound():
-    deferred = DeferredContext(kv_block_size=4, max_parked_tokens=8)
+    deferred = DeferredContext(kv_block_size=4, max_parked_bytes=8 * 2 * 4)  # 8 tokens of 2 floats
     for index, rid in enumerate("abc"):
         _request(deferred, 0, 3, rid, 1000 * (index + 1))  # one full block each
     deferred.keep_requests(["a", "b", "c"])
     deferred.depart({"a", "b"})
-    assert deferred.num_parked == 8 and deferred.num_pending == 4
+    assert deferred.num_parked == 8 and deferred.num_parked_bytes == 64 and deferred.num_pending == 4
     deferred.keep_requests(["c"])  # the scheduler said so already: nothing more leaves
     assert deferred.num_parked == 8 and deferred.num_pending == 4
     deferred.depart({"c"})  # a third block: a's, the oldest, goes

@@ -21,9 +21,10 @@ are parked by KV block instead:
   (`must_write`), so the hitting request's drafts read what a write at once would have left;
 - a parked block that the scheduler hands to a request (`forget_blocks`) is dropped: its slots
   are the new owner's now;
-- parked tokens beyond `max_parked_tokens` are dropped oldest block first (the memory bound:
-  raw taps are ~5x the drafter's K/V a token). A later hit on such a block drafts over unwritten
-  context: output is still the target's, drafts are worse.
+- parked states beyond `max_parked_bytes` (64 MiB: ~11,600 tokens of SmolLM2's five bf16 taps)
+  are dropped oldest block first: raw taps are several times the drafter's K/V a token. A
+  later hit on such a block drafts over unwritten context: output is still the target's,
+  drafts are worse.
 Until this, every plain step that completed a KV block wrote everything pending, so a k = 0
 engine projected every prompt's full blocks, which no request may ever read (at batch 16 with
 ~150-token prompts, ~1.5% of the step time on 2 cores). Plain torch.
@@ -73,16 +74,17 @@ Context = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (states, positions,
 
 class DeferredContext:
     def __init__(self, max_tokens: int = 8192, kv_block_size: int | None = None,
-                 max_parked_tokens: int = 8192):
+                 max_parked_bytes: int = 64 << 20):
         self.max_tokens = max_tokens
         self.kv_block_size = kv_block_size  # None: no block is ever kept by a prefix cache
-        self.max_parked_tokens = max_parked_tokens
+        self.max_parked_bytes = max_parked_bytes
         self._hit = False  # this step's scheduler output showed a prefix-cache hit
         self._pending: list[PendingContext] = []
         self._parked: dict[int, list[Context]] = {}  # KV block id -> its tokens, oldest block first
         self._batch: list[str] = []  # the requests pending tokens may belong to
         self.num_pending = 0  # tokens waiting for their K/V write
         self.num_parked = 0  # tokens of departed requests' full blocks, kept for a prefix hit
+        self.num_parked_bytes = 0  # their states' bytes
         self.num_deferred_tokens = 0  # context tokens whose K/V write was deferred
         self.num_dropped_tokens = 0  # of those, tokens never written
         self.num_revived_tokens = 0  # of those, parked tokens written for a prefix hit
@@ -169,18 +171,22 @@ class DeferredContext:
         for block, *part in zip(ids.tolist(), states.split(counts), positions.split(counts),
                                 slots.split(counts)):
             self._parked.setdefault(block, []).append(tuple(part))
-        self.num_parked += int(positions.shape[0])
+        self._count_parked(states, +1)
+
+    def _count_parked(self, states: torch.Tensor, sign: int) -> None:
+        self.num_parked += sign * int(states.shape[0])
+        self.num_parked_bytes += sign * states.numel() * states.element_size()
 
     def _bound_parked(self) -> None:
         # Parked parts are views of one copy per departure, freed with the last of its blocks.
-        while self.num_parked > self.max_parked_tokens:
+        while self.num_parked_bytes > self.max_parked_bytes:
             oldest = next(iter(self._parked))
             self._drop_parked(oldest)
 
     def _drop_parked(self, block: int) -> None:
-        dropped = sum(int(part[1].shape[0]) for part in self._parked.pop(block))
-        self.num_parked -= dropped
-        self.num_dropped_tokens += dropped
+        for states, _, _ in self._parked.pop(block):
+            self._count_parked(states, -1)
+            self.num_dropped_tokens += int(states.shape[0])
 
     def parked_blocks(self):
         return self._parked.keys()
@@ -199,7 +205,7 @@ class DeferredContext:
         if not parts:
             return None
         revived = tuple(torch.cat([part[i] for part in parts]) for i in range(3))
-        self.num_parked -= int(revived[1].shape[0])
+        self._count_parked(revived[0], -1)
         self.num_revived_tokens += int(revived[1].shape[0])
         return revived
 
