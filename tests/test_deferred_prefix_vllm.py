@@ -43,16 +43,24 @@ def _turns(target):
     return firsts, ids
 
 
-def _second_turn_counters(target, defer: bool):
+def _second_turns(target, defer: bool, faulty: bool = False) -> dict:
+    """Turn 1 as a batch of 4, then each turn 2 alone: turn 2's draft counters and token ids,
+    the prefix-cache hits, and what the deferred context did. `faulty`: the scheduler hook's
+    reading of KV blocks raises at every step."""
     from vllm import LLM, SamplingParams
 
     from tests.engine import find_drafter
+    from vllm_liliprop.vllm import proposer
     from vllm_liliprop.vllm.metrics import SpecDecodeCounters
-    from vllm_liliprop.vllm.proposer import LiliPropProposer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: cannot read the scheduler's blocks")
 
     firsts, ids = _turns(target)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(LiliPropProposer, "defer_plain_step_context", defer)
+        patch.setattr(proposer.LiliPropProposer, "defer_plain_step_context", defer)
+        if faulty:
+            patch.setattr(proposer, "block_events", broken)
         with liliprop_env({"rule": "argmax"}):
             llm = LLM(model=str(target), speculative_config=SPEC, **FLAGS)
         drafter = find_drafter(llm)
@@ -65,28 +73,41 @@ def _second_turn_counters(target, defer: bool):
         drafter.model.precompute_and_store_context_kv = counted
         greedy = SamplingParams(temperature=0, max_tokens=24)
         answers = llm.generate([ids(m) for m in firsts], greedy, use_tqdm=False)
-        before = SpecDecodeCounters.from_metrics(llm.get_metrics())
-        assert before.num_drafts == 0  # turn 1 ran plain steps only
-        turn1 = dict(written=written["calls"], held=drafter._deferred.num_pending)  # none left yet
+        assert SpecDecodeCounters.from_metrics(llm.get_metrics()).num_drafts == 0  # plain steps only
+        result = dict(turn1_writes=written["calls"], turn1_held=drafter._deferred.num_pending, turn2=[])
         for messages, answer in zip(firsts, answers):
             turn = messages + [{"role": "assistant", "content": answer.outputs[0].text},
                                {"role": "user", "content": "Go on."}]
-            llm.generate([ids(turn)], SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+            [out] = llm.generate([ids(turn)], SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+            result["turn2"].append(list(out.outputs[0].token_ids))
         metrics = llm.get_metrics()
-        counters = SpecDecodeCounters.from_metrics(metrics)
-        hits = next(m.value for m in metrics if m.name == "vllm:prefix_cache_hits")
-        turn1["revived"] = drafter._deferred.num_revived_tokens
+        result.update(counters=SpecDecodeCounters.from_metrics(metrics),
+                      hits=next(m.value for m in metrics if m.name == "vllm:prefix_cache_hits"),
+                      revived=drafter._deferred.num_revived_tokens, faults=drafter.num_schedule_faults)
         del llm
-    return counters, hits, turn1
+    return result
 
 
-def test_second_turns_on_the_prefix_cache_draft_from_written_context():
+@pytest.fixture(scope="module")
+def deferred_run():
     from eval.targets import fetch_target
 
     target = fetch_target("smollm2-135m-instruct")
-    deferred, hits, parking = _second_turn_counters(target, defer=True)
-    at_once, _, _ = _second_turn_counters(target, defer=False)
-    assert hits > 0 and deferred.num_drafts > 0
-    assert deferred == at_once, (deferred, at_once)
+    return target, _second_turns(target, defer=True)
+
+
+def test_second_turns_on_the_prefix_cache_draft_from_written_context(deferred_run):
+    target, deferred = deferred_run
+    at_once = _second_turns(target, defer=False)
+    assert deferred["hits"] > 0 and deferred["counters"].num_drafts > 0
+    assert deferred["counters"] == at_once["counters"], (deferred["counters"], at_once["counters"])
+    assert deferred["turn2"] == at_once["turn2"] and deferred["faults"] == 0
     # Turn 1's context was never written; the blocks turn 2 hit were, before it drafted.
-    assert parking["written"] == 0 and parking["held"] > 0 and parking["revived"] > 0, parking
+    assert deferred["turn1_writes"] == 0 and deferred["turn1_held"] > 0 and deferred["revived"] > 0
+
+
+def test_a_hook_that_cannot_read_the_blocks_changes_no_output(deferred_run):
+    target, deferred = deferred_run
+    faulty = _second_turns(target, defer=True, faulty=True)
+    assert faulty["faults"] > 0 and faulty["revived"] == 0  # every parked block dropped
+    assert faulty["turn2"] == deferred["turn2"]
