@@ -79,7 +79,7 @@ def test_a_departed_request_parks_its_full_blocks_and_drops_the_rest():
     deferred.keep_requests(["a", "b"])
     deferred.keep_requests(["b"])  # a left
     assert deferred.num_parked == 8 and deferred.num_dropped_tokens == 2 and deferred.num_pending == 3
-    assert sorted(deferred.parked_blocks()) == [25, 26]
+    assert sorted(deferred._parked) == [25, 26]
     assert deferred.take()[1].tolist() == [0, 1, 2]  # a drafting pass writes b only
     deferred.forget_blocks([26, 90])  # block 26 handed to another request
     assert deferred.num_parked == 4 and deferred.num_dropped_tokens == 6
@@ -100,7 +100,9 @@ def test_departures_named_by_the_scheduler_and_the_parked_bound():
     deferred.keep_requests(["c"])  # the scheduler said so already: nothing more leaves
     assert deferred.num_parked == 8 and deferred.num_pending == 4
     deferred.depart({"c"})  # a third block: a's, the oldest, goes
-    assert sorted(deferred.parked_blocks()) == [500, 750] and deferred.num_dropped_tokens == 4
+    assert sorted(deferred._parked) == [500, 750] and deferred.num_dropped_tokens == 4
+    deferred.drop_parked()  # the scheduler's blocks could not be followed
+    assert deferred.num_parked == deferred.num_parked_bytes == 0 and deferred.num_dropped_tokens == 12
     # Without a prefix cache a departed request's tokens are all dropped.
     uncached = DeferredContext()
     _request(uncached, 0, 7, "a", 0)

@@ -54,8 +54,8 @@ def earlier_rule(revision: str) -> type:
         def hit_blocks(self, block_ids):
             return None
 
-        def parked_blocks(self):
-            return ()
+        def drop_parked(self):
+            pass
 
     return EarlierRule
 

@@ -112,8 +112,7 @@ class DeferredContext:
     def keep_requests(self, req_ids: list[str]) -> None:
         """Let go of the pending tokens of every request not in this step's batch (`depart`).
         Called every step, so an unchanged batch returns at once."""
-        unchanged = req_ids == self._batch
-        if not unchanged:
+        if req_ids != self._batch:
             present = set(req_ids)
             self.depart({rid for entry in self._pending for rid in entry.req_ids if rid not in present})
         self._batch = list(req_ids)
@@ -188,8 +187,10 @@ class DeferredContext:
             self._count_parked(states, -1)
             self.num_dropped_tokens += int(states.shape[0])
 
-    def parked_blocks(self):
-        return self._parked.keys()
+    def drop_parked(self) -> None:
+        """Drop every parked block (where the scheduler's blocks could not be followed)."""
+        for block in list(self._parked):
+            self._drop_parked(block)
 
     def forget_blocks(self, block_ids) -> None:
         """KV blocks the scheduler just handed to a request: their parked tokens are dropped."""

@@ -571,7 +571,7 @@ class LiliPropProposer(DFlashProposer):
             if revived is not None:
                 self._write_context(*revived)
         except Exception:  # noqa: BLE001 - a rule's fault must never stop the engine
-            deferred.forget_blocks(list(deferred.parked_blocks()))
+            deferred.drop_parked()
             self.num_schedule_faults += 1
             if self.num_schedule_faults == 1:
                 logger.warning("vllm-liliprop could not follow the scheduler's KV blocks; parked "
