@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Issue 34: plan every shipped system's speculation schedule on this host: steady-state step
-# costs, calibrated by served batches of held-out prompts at 4, 16 and 32 slots, served as eval
-# serves those concurrencies (eval/schedule.py: 16 prompts through 4 slots, refilled; 16 and 32
-# started full and drained), sampled requests never drafting. Writes systems.json and
-# systems.measurements.json (every measurement). Hold the host idle (about 70 minutes on 2 cores).
-# ONLY=A,B overrides the systems; SERVED=B,B the served batch sizes (default 4,16,32). FROM=FILE plans from an earlier measurements file instead,
-# measuring only the served sizes it lacks (how the 2026-12-06 11:08 plan added the refilled 4 to
-# the 05:22 measurements: FROM=<testbed/smollm2/schedule/systems.measurements.json at 28d89ca>,
-# e.g. `git show 28d89ca:testbed/smollm2/schedule/systems.measurements.json > /tmp/before.json`).
+# costs, calibrated by served batches of held-out prompts at 1, 4, 16 and 32 slots, served as eval
+# serves those concurrencies (eval/schedule.py: 16 prompts through 1 slot, one after another, and
+# through 4 slots, refilled; 16 and 32 started full and drained), sampled requests never drafting.
+# Writes systems.json and systems.measurements.json (every measurement). Hold the host idle
+# (about 105 minutes on 2 cores; the served batch of 1 alone takes 45).
+# ONLY=A,B overrides the systems; SERVED=B,B the served batch sizes (default 1,4,16,32, as the
+# shipped plans; before 2026-12-06 23:19 they were 4,16,32). FROM=FILE plans from an earlier
+# measurements file instead, measuring only the served sizes it lacks. The shipped plans:
+# `git show f2151f7:testbed/smollm2/schedule/systems.measurements.json > /tmp/before.json`, then
+# FROM=/tmp/before.json (the 20:35 costs and the 4, 16, 32 served batches), which measured only
+# the served batch of 1.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source scripts/env.sh
@@ -22,5 +25,5 @@ fi
 # Eleven engines open at once: 1 GiB of KV cache each holds a batch of 32 short requests many times over.
 VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python -m eval schedule --target .cache/targets/smollm2-135m-instruct \
     --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round3/drafts --only "$only" \
-    --batch-sizes 1,4,16,32 --sampled-k0 --served-batch-sizes ${SERVED:-4,16,32} --rounds 3 \
+    --batch-sizes 1,4,16,32 --sampled-k0 --served-batch-sizes ${SERVED:-1,4,16,32} --rounds 3 \
     --engine-flags '{"max_model_len": 2048, "enforce_eager": true}' "${from[@]}" --out $here/systems.json
