@@ -21,11 +21,15 @@ _buffers: dict[int, torch.Tensor] = {}
 
 @functools.cache
 def _cpu_op():
+    # vLLM's CPU wheel ships one kernel library per ISA (_C, _C_AVX512, _C_AVX2), each
+    # registering torch.ops._C; its platform loads the host's. Importing `vllm._C` by name
+    # loaded the AVX512-BF16 build beside the AVX2 one on an AVX2-only host, and torch aborts
+    # the process on the second registration. `_custom_ops` loads them as vLLM does.
     try:
-        import vllm._C  # noqa: F401  (registers torch.ops._C)
-    except ImportError:
+        import vllm._custom_ops  # noqa: F401
+        return getattr(torch.ops._C, "greedy_argmax", None)
+    except (ImportError, AttributeError, RuntimeError):
         return None
-    return getattr(torch.ops._C, "greedy_argmax", None)
 
 
 def _fp32_rows(logits: torch.Tensor) -> torch.Tensor:
