@@ -139,3 +139,31 @@ def test_a_served_draft_verifies_by_the_cpu_path_and_a_min_tokens_request_by_vll
     plain_held, _ = _generate(target, prompts, **held_back)
     ids, _ = _generate(target, prompts, spec, **held_back)
     assert plain_held != plain and ids == plain_held and calls["cpu path"] == 0
+
+
+_ONE_KERNEL_LIBRARY = """
+import re, torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()  # what an engine's start loads: this host's ISA build
+from vllm_liliprop.vllm.cpu_argmax import row_argmax
+logits = torch.randn(3, 1000)
+assert row_argmax(logits).tolist() == logits.argmax(dim=-1).tolist()
+maps = open("/proc/self/maps").read()
+print(sorted(set(re.findall(r"vllm/(_C(?:_AVX2|_AVX512)?)\\.abi3\\.so", maps))))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+def test_the_cpu_argmax_loads_no_second_kernel_library():
+    """vLLM's CPU wheel ships one kernel library per ISA, each registering torch.ops._C; a
+    second one loaded aborts the process (torch: "Only a single TORCH_LIBRARY"). The argmax
+    op must come from the build the platform loaded: importing `vllm._C` by name crashed every
+    greedy speculative engine on an AVX2-only host."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ONE_KERNEL_LIBRARY], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = eval(done.stdout.strip().splitlines()[-1])
+    assert len(loaded) <= 1, f"vLLM kernel libraries loaded: {loaded}"
