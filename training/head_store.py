@@ -33,7 +33,8 @@ from training.export import load_dflash
 from training.features import OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights
 from training.objective import DraftObjective
-from training.trainer import seeds_for
+from training.startup import target_dtype
+from training.trainer import cpu_autocast, seeds_for
 from vllm_liliprop.heads.candidates import topk_candidates
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
@@ -86,7 +87,7 @@ def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: s
         examples_in_shard = 0
 
     for i in tqdm(range(done, total), desc="head store", disable=not progress):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with cpu_autocast():
             block = block_inputs(objective, target, collate([dataset[i]]), seeds_for([i], seed, 0))
         for key in KEYS:
             pending[key].append(block[key])
@@ -138,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     dataset = load_examples(args.data, args.target, 1024)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval()
+    # bf16 only where this host runs it fast (the stored states are bf16 either way).
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=target_dtype("auto", torch.device("cpu"))).eval()
     print(json.dumps(build_store(args.draft, target, dataset, args.out, anchors=args.anchors, seed=args.seed,
                                  limit=args.limit)))
 

@@ -32,7 +32,7 @@ from training.losses import distractor_penalty, ground_truth_index, margin_hinge
 from training.headroom_metrics import headroom_metrics
 from training.pipeline import build_lattice
 from training.recipe import apply_overrides, load_recipe
-from training.trainer import cosine_with_warmup
+from training.trainer import cosine_with_warmup, cpu_autocast
 from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.walks import greedy_walk
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
@@ -62,7 +62,7 @@ def walk_scores(head, prior: torch.Tensor | None, store: dict, rows: torch.Tenso
     one, else by the head's own config (0: none). The prior reads the true log-probs even where
     feature dropout hid them from the head."""
     inputs, ids = _inputs(store, rows, k, embed, dropout, generator)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with cpu_autocast():
         start, pairs = head.score(*inputs)
     weight = head.config.prior_weight if prior is None else prior
     start, pairs = with_logprob_prior(start, pairs, store["candidate_log_probs"][rows, :, :k], weight)

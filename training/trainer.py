@@ -40,7 +40,8 @@ from tqdm import tqdm
 from training.blocks import example_seed
 from vllm_liliprop.host import BF16_MIN_SPEEDUP, cpu_bf16_matmul_speedup
 
-__all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup"]
+__all__ = ["OptimConfig", "TrainConfig", "DistEnv", "Trainer", "param_groups", "cosine_with_warmup",
+           "auto_precision", "cpu_autocast"]
 
 
 @dataclass
@@ -158,6 +159,12 @@ def auto_precision(device: torch.device) -> str:
     if device.type == "cuda":
         return "bf16"
     return "bf16" if device.type == "cpu" and cpu_bf16_matmul_speedup() >= BF16_MIN_SPEEDUP else "fp32"
+
+
+def cpu_autocast() -> torch.autocast:
+    """bf16 autocast on a CPU that runs bf16 fast (auto_precision), else off: on an AVX2-only
+    host bf16 is emulated at ~0.01x fp32, and a head store or head training took hours there."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto_precision(torch.device("cpu")) == "bf16")
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
