@@ -71,6 +71,14 @@ def test_head_trains_from_the_store_and_exports(store, tmp_path):
     assert losses[-1] < losses[0]
     assert set(curve[-1]) >= {"walk_tau", "argmax_tau", "oracle4_tau", "headroom_share"}
     assert curve[-1] == {**curve[-1], **lattice_metrics(head, blocks, embed)}
+    # scored_slots: the whole lattice walked, its first 2 picks counted; the argmax is the
+    # 2-slot store's, and counting every slot is the default.
+    scored = lattice_metrics(head, blocks, embed, scored_slots=2)
+    assert scored["argmax_tau"] == pytest.approx(headroom_metrics(*store_ranks(first_slots(blocks, 2)))["argmax_tau"],
+                                                 abs=1e-4)
+    assert 1.0 <= scored["walk_tau"] <= min(3.0, curve[-1]["walk_tau"])
+    assert lattice_metrics(head, blocks, embed, scored_slots=blocks["targets"].shape[1]) == lattice_metrics(
+        head, blocks, embed)
 
 
 def test_learned_prior_is_exported_and_head_eval_measures_the_export(store, tmp_path):

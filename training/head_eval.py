@@ -26,16 +26,18 @@ __all__ = ["evaluate", "main"]
 
 
 def evaluate(drafts: Sequence[str], stores: Sequence[str], embed: torch.Tensor,
-             slots: int | None = None) -> list[dict]:
+             slots: int | None = None, scored_slots: int | None = None) -> list[dict]:
     """One row per (draft, store): its metrics (a draft's prior weight is in its head's config),
-    on lattices of the stores' first `slots` slots (the served k; None: every slot)."""
+    on lattices of the stores' first `slots` slots (the served k; None: every slot), counting
+    the walk's first `scored_slots` picks (None: all of the lattice's)."""
     loaded = {store: first_slots(load_store(store), slots) for store in stores}
     rows = []
     for draft in drafts:
         _, head = load_lilicorr(draft)
         for store, blocks in loaded.items():
             rows.append({"draft": draft, "store": store, "slots": blocks["targets"].shape[1],
-                         **lattice_metrics(head, blocks, embed)})
+                         "scored_slots": scored_slots or blocks["targets"].shape[1],
+                         **lattice_metrics(head, blocks, embed, scored_slots=scored_slots)})
     return rows
 
 
@@ -47,12 +49,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--target", required=True, help="the target's folder (its embedding table)")
     parser.add_argument("--slots", type=int, default=None,
                         help="measure lattices of the first N slots, as k = N speculative tokens serve them")
+    parser.add_argument("--scored-slots", type=int, default=None,
+                        help="count only the walk's first N picks (the lattice keeps --slots): what a "
+                             "longer lattice than the engine verifies would draft")
     parser.add_argument("--json", default=None, help="also write the rows here")
     add_verbose_flag(parser)
     args = parser.parse_args(argv)
     quiet_after_parse(args)  # libraries at WARNING unless --verbose
     embed = load_file(str(Path(args.target) / "model.safetensors"))["model.embed_tokens.weight"]
-    rows = evaluate(args.draft, args.store, embed, args.slots)
+    rows = evaluate(args.draft, args.store, embed, args.slots, args.scored_slots)
     for row in rows:
         print(json.dumps(row))
     if args.json:

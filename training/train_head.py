@@ -100,9 +100,11 @@ def store_ranks(store: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024,
-                    prior: torch.Tensor | None = None) -> dict[str, float]:
+                    prior: torch.Tensor | None = None, scored_slots: int | None = None) -> dict[str, float]:
     """Held-out taus of the greedy walk, the drafter's argmax and the oracle prefix at the
-    head's K (training.headroom_metrics), and the walk's share of that headroom."""
+    head's K (training.headroom_metrics), and the walk's share of that headroom. With
+    `scored_slots`, the walk runs over the whole lattice and only its first `scored_slots`
+    picks count, as an engine that builds a longer lattice than it verifies would draft."""
     head.eval()
     k = head.config.candidate_topk
     n = store["targets"].shape[0]
@@ -112,7 +114,9 @@ def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024,
         walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
     head.train()
     rank, valid = store_ranks(store)
-    m = headroom_metrics(rank, valid, torch.cat(walks) == store["targets"].long(), ks=(k,))
+    hits = torch.cat(walks) == store["targets"].long()
+    scored = slice(None, scored_slots)
+    m = headroom_metrics(rank[:, scored], valid[:, scored], hits[:, scored], ks=(k,))
     return {"walk_tau": round(m["walk_tau"], 4), "argmax_tau": round(m["argmax_tau"], 4),
             f"oracle{k}_tau": round(m["oracle_tau"][str(k)], 4),
             "headroom_share": round(m["walk_share"][str(k)] or 0.0, 4)}
