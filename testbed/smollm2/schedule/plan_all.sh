@@ -11,7 +11,7 @@
 # `git show f2151f7:testbed/smollm2/schedule/systems.measurements.json > /tmp/before.json`, then
 # FROM=/tmp/before.json (the 20:35 costs and the 4, 16, 32 served batches), which measured only
 # the served batch of 1. OUT=FILE writes another host's plans elsewhere (default systems.json
-# here; the AVX2 host's: avx2/systems.json).
+# here; the AVX2 host's: avx2/systems.json). ROUNDS=n: interleaved rounds (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source scripts/env.sh
@@ -26,5 +26,5 @@ fi
 # Eleven engines open at once: 1 GiB of KV cache each holds a batch of 32 short requests many times over.
 VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python -m eval schedule --target .cache/targets/smollm2-135m-instruct \
     --systems testbed/smollm2/systems.json --var drafts=$PWD/testbed/smollm2/round3/drafts --only "$only" \
-    --batch-sizes 1,4,16,32 --sampled-k0 --served-batch-sizes ${SERVED:-1,4,16,32} --rounds 3 \
+    --batch-sizes 1,4,16,32 --sampled-k0 --served-batch-sizes ${SERVED:-1,4,16,32} --rounds ${ROUNDS:-3} \
     --engine-flags '{"max_model_len": 2048, "enforce_eager": true}' "${from[@]}" --out ${OUT:-$here/systems.json}
