@@ -9,6 +9,7 @@ import pytest
 
 from eval.machine import machine_record
 from eval.summary import summary_text
+from vllm_liliprop.host import cpu_bf16_matmul_speedup
 
 CPUINFO = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Processor
@@ -26,7 +27,6 @@ def test_the_record_names_the_cpu_and_its_matrix_instruction_sets(tmp_path):
     assert record["cpu"] == "Intel(R) Xeon(R) Processor" and record["cores"] >= 1
     assert record["isa"] == ["amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"]
     # Measured on this CPU, not read off the (fake AMX) flags: 0.01x on an AVX2-only host, ~6x with AMX.
-    from vllm_liliprop.host import cpu_bf16_matmul_speedup
     assert 0.001 < record["bf16_speedup"] < 100
     assert record["bf16_speedup"] == pytest.approx(cpu_bf16_matmul_speedup(), abs=0.01)
     path.write_text(CPUINFO.format(extra=""))

@@ -4,6 +4,7 @@ and left to vLLM wherever a request's settings can move an argmax."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from itertools import islice
 from pathlib import Path
@@ -142,14 +143,14 @@ def test_a_served_draft_verifies_by_the_cpu_path_and_a_min_tokens_request_by_vll
 
 
 _ONE_KERNEL_LIBRARY = """
-import re, torch
+import json, re, torch
 from vllm.platforms import current_platform
 current_platform.import_kernels()  # what an engine's start loads: this host's ISA build
 from vllm_liliprop.vllm.cpu_argmax import row_argmax
 logits = torch.randn(3, 1000)
 assert row_argmax(logits).tolist() == logits.argmax(dim=-1).tolist()
 maps = open("/proc/self/maps").read()
-print(sorted(set(re.findall(r"vllm/(_C(?:_AVX2|_AVX512)?)\\.abi3\\.so", maps))))
+print(json.dumps(sorted(set(re.findall(r"vllm/(_C(?:_AVX2|_AVX512)?)\\.abi3\\.so", maps)))))
 """
 
 
@@ -165,5 +166,5 @@ def test_the_cpu_argmax_loads_no_second_kernel_library():
     done = subprocess.run([sys.executable, "-c", _ONE_KERNEL_LIBRARY], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
-    loaded = eval(done.stdout.strip().splitlines()[-1])
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(loaded) <= 1, f"vLLM kernel libraries loaded: {loaded}"
