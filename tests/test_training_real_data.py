@@ -150,7 +150,7 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(monkeypatch):
     assert trainer.auto_precision(torch.device("cuda")) == "bf16"
     from vllm_liliprop.host import cpu_bf16_matmul_speedup
 
-    assert 0.05 < cpu_bf16_matmul_speedup(size=128, repeats=1) < 100  # a real measurement runs
+    assert 0.001 < cpu_bf16_matmul_speedup(size=128, repeats=1) < 100  # runs; AVX2 hosts measure 0.01-0.04
     from training import startup
 
     monkeypatch.setattr(startup, "auto_precision", lambda device: "fp32")
