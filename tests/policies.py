@@ -46,3 +46,20 @@ def exploding(options, resources):
 
 def nan_rows(options, resources):
     return NaNRowsRule()
+
+
+class FadingRepeatAnchorRule(RepeatAnchorRule):
+    """Repeat the anchor, reporting a confidence of 0.9 in the first slot and 0.5 in each one
+    after: the product falls to 0.9, 0.45, 0.225, ... (the confidence cut's known input)."""
+
+    name = "fading-repeat-anchor"
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        out = super().propose(inputs)
+        confidence = torch.full(out.token_ids.shape, 0.5)
+        confidence[:, 0] = 0.9
+        return DraftOutput(out.token_ids, confidence=confidence)
+
+
+def fading_repeat_anchor(options, resources):
+    return FadingRepeatAnchorRule()

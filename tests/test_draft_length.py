@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vllm_liliprop.draft_length import (NO_DRAFT, check_draft_length, cut_drafts, kept_length, pad_drafts,
-                                        queried_masks, rule_slots,
+from vllm_liliprop.draft_length import (NO_DRAFT, check_confidence_floor, check_draft_length, confident_cut,
+                                        cut_drafts, kept_length, pad_drafts, queried_masks, rule_slots,
                                         short_block_advice, trim_rows)
 from vllm_liliprop.options import OptionError, resolve_options
 
@@ -68,3 +68,42 @@ def test_a_scheduled_k_queries_the_trained_block_and_keeps_only_what_is_verified
     assert kept_length(None, 7, 7) is None  # the whole block verified
     assert kept_length(3, 7, 7) == 3 and kept_length(3, 2, 7) == 2 and kept_length(None, 2, 7) == 2
     assert kept_length(0, 5, 7) == 0
+
+
+def test_the_confidence_cut_ends_greedy_rows_where_the_product_falls_below_the_floor():
+    ids = torch.arange(8).reshape(2, 4)
+    confidence = torch.tensor([[0.9, 0.5, 0.9, 0.9], [0.2, 1.0, 1.0, 1.0]])
+    out = confident_cut(ids, confidence, 0.4, temperature=None)
+    assert out.tolist() == [[0, 1, 2, NO_DRAFT], [NO_DRAFT] * 4]  # products .9 .45 .405 .3645; .2
+    # A sampled row (temperature > 0) is never cut; a NaN confidence cuts nothing.
+    out = confident_cut(ids, confidence, 0.4, temperature=torch.tensor([0.0, 1.0]))
+    assert out.tolist() == [[0, 1, 2, NO_DRAFT], [4, 5, 6, 7]]
+    nan = torch.full((2, 4), float("nan"))
+    assert torch.equal(confident_cut(ids, nan, 0.3, temperature=None), ids)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, True, "0.1", None])
+def test_a_bad_confidence_floor_names_the_field(bad):
+    with pytest.raises(ValueError, match="where = .* must be a number between 0 and 1"):
+        check_confidence_floor(bad, "where")
+
+
+def test_the_confidence_floor_is_checked_where_it_is_read_and_needs_a_rule_that_reports_it():
+    with pytest.raises(OptionError, match=r"dflash_config.liliprop.draft_confidence_floor = 2"):
+        resolve_options(["DFlashDraftModel"], {"liliprop": {"draft_confidence_floor": 2}}, environ={})
+    options = resolve_options(["DFlashDraftModel"], {"liliprop": {"draft_confidence_floor": 0.06}},
+                              environ={})
+    assert options.draft_confidence_floor == 0.06
+    with pytest.raises(OptionError, match=r"draft_confidence_floor \(from checkpoint\) needs a rule "
+                                          r"that reports .* rule 'domino'"):
+        resolve_options(["DFlashDraftModel"], {"liliprop": {"rule": "domino", "draft_confidence_floor": 0.1}},
+                        environ={})
+
+
+def test_the_drafters_probability_of_its_draft_is_its_softmax_at_the_drafted_token():
+    from vllm_liliprop.rules.base import drafted_probability
+
+    logits = torch.randn(2, 3, 11)
+    ids = torch.randint(0, 11, (2, 3))
+    expected = logits.softmax(-1).gather(-1, ids[..., None])[..., 0]
+    assert torch.allclose(drafted_probability(logits, ids), expected, atol=1e-6)

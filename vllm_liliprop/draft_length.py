@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["NO_DRAFT", "check_draft_length", "cut_drafts", "trim_rows", "rule_slots", "pad_drafts",
-           "short_block_advice", "queried_masks", "kept_length"]
+           "short_block_advice", "queried_masks", "kept_length", "check_confidence_floor", "confident_cut"]
 
 NO_DRAFT = -1
 
@@ -43,6 +43,34 @@ def cut_drafts(token_ids: torch.Tensor, length: int,
     if keep is not None:
         cut &= ~keep.to(token_ids.device)[:, None]
     return token_ids.masked_fill(cut, NO_DRAFT)
+
+
+def check_confidence_floor(value, where: str) -> float:
+    """A confidence floor: a number strictly between 0 and 1; ValueError naming `where` and the fix."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value < 1.0
+    if not ok:
+        raise ValueError(f"{where} = {value!r} must be a number between 0 and 1 (exclusive): the "
+                         "probability below which a greedy draft stops, e.g. 0.06")
+    return float(value)
+
+
+def confident_cut(token_ids: torch.Tensor, confidence: torch.Tensor, floor: float,
+                  temperature: torch.Tensor | None) -> torch.Tensor:
+    """Drafts [B, S] with each greedy row cut where the drafter's probability that its draft is
+    right so far (the product of its slots' `confidence` [B, S]) falls below `floor`.
+
+    A verified slot costs the target a query row whether or not it is accepted; with a
+    calibrated drafter, the product is the chance the slot is reached and accepted, so the cut
+    drops the slots that would cost more than they yield (docs/serving.md, "Confidence cut").
+    Greedy rows only (temperature [B], None: all greedy): greedy verification compares tokens,
+    so any cut is lossless there, while cutting a sampled draft on its own tokens' probabilities
+    would bias rejection sampling. A non-finite confidence cuts nothing (the fallback's
+    draft stands). No host reads."""
+    reach = torch.cumprod(torch.nan_to_num(confidence.float(), nan=1.0, posinf=1.0, neginf=1.0), dim=1)
+    cut = reach < floor
+    if temperature is not None:
+        cut &= (temperature[: token_ids.shape[0]] <= 0).to(cut.device)[:, None]
+    return token_ids.masked_fill(cut.to(token_ids.device), NO_DRAFT)
 
 
 def rule_slots(num_slots: int, length: int | None) -> int:

@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_liliprop.draft_length import check_draft_length
+from vllm_liliprop.draft_length import check_confidence_floor, check_draft_length
 from vllm_liliprop.heads.dels import check_fusion_weight
 from vllm_liliprop.heads.lattice import read_dflash_fields
 from vllm_liliprop.prompt_lookup import check_lookup_lengths
@@ -31,6 +31,9 @@ LILICORR_ARCH = "LiLiCorrDraftModel"
 DSPARK_ARCH = "Qwen3DSparkModel"
 
 RULES = ("argmax", "lattice", "dels", "lattice+dels", "dspark", "domino")
+# The built-in rules that report the drafter's probability of each drafted token (DraftOutput.
+# confidence), which `draft_confidence_floor` needs; a custom rule may report it too.
+CONFIDENT_RULES = ("argmax", "dels")
 WALKS = ("greedy", "viterbi")
 SAMPLINGS = ("deterministic", "probabilistic")
 
@@ -62,6 +65,9 @@ class LiliPropOptions:
     # ((start, end, k), ...): requests sampled at T > 0 draft at most k tokens at batch sizes
     # start..end (0: none); greedy requests keep the engine's k (sampled_drafts.py).
     sampled_k: tuple[tuple[int, int, int], ...] | None = None
+    # A greedy request's draft ends at the first slot where the drafter's probability that the
+    # draft so far is right falls below this (draft_length.confident_cut); None: no cut.
+    draft_confidence_floor: float | None = None
     # Where each value came from, for the startup log line.
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -139,6 +145,12 @@ def _validate_block(where: str, block: Any) -> dict[str, Any]:
             check_draft_length(out["rule_draft_length"], f"{where}.rule_draft_length")
         except ValueError as exc:
             raise OptionError(f"{exc}.") from None
+    if out.get("draft_confidence_floor") is not None:
+        try:
+            out["draft_confidence_floor"] = check_confidence_floor(
+                out["draft_confidence_floor"], f"{where}.draft_confidence_floor")
+        except ValueError as exc:
+            raise OptionError(f"{exc}.") from None
     if out.get("sampled_k") is not None:
         try:
             out["sampled_k"] = check_sampled_k(out["sampled_k"], f"{where}.sampled_k")
@@ -207,6 +219,12 @@ def resolve_options(
         raise OptionError(
             f"rule {options.rule!r} (from {where}) needs a LiLiCorr head, but the draft's "
             f"architecture is {architectures}; use a {LILICORR_ARCH} checkpoint or rule 'dels'/'argmax'."
+        )
+    if options.draft_confidence_floor is not None and options.rule in RULES and options.rule not in CONFIDENT_RULES:
+        raise OptionError(
+            f"draft_confidence_floor (from {sources['draft_confidence_floor']}) needs a rule that "
+            f"reports the drafter's probability of its drafts ({', '.join(CONFIDENT_RULES)}); rule "
+            f"{options.rule!r} (from {where}) does not: leave draft_confidence_floor out for it."
         )
     if (options.rule == "dspark") != is_dspark and options.rule in RULES:
         raise OptionError(

@@ -8,7 +8,8 @@ from vllm_liliprop.heads.dels import SubVocabShortHead, slot_weights
 from vllm_liliprop.heads.dels_io import load_dels_head
 from vllm_liliprop.rules.dels_draft import dels_draft, dels_draft_sampled
 from vllm_liliprop.options import LiliPropOptions, OptionError
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput, head_folder, scored_logits, to_target_ids
+from vllm_liliprop.rules.base import (DraftInputs, DraftOutput, drafted_probability, head_folder, scored_logits,
+                                     to_target_ids)
 from vllm_liliprop.rules.lattice import sampling_temperature
 
 
@@ -88,5 +89,6 @@ class DelsRule:
                 vocab_ids=self.vocab_ids,
             )
         # The long logits are at hand: their argmax saves the fallback a second projection.
-        output = DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1))
+        output = DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1),
+                             drafted_probability(long_logits, ids))
         return to_target_ids(output, self.vocab_ids, self.vocab_size)

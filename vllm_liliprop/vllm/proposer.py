@@ -19,7 +19,9 @@ Only these things differ from `DFlashProposer`:
   `_sample_draft_tokens` puts the continuation it found in place of the rule's block for those
   requests; with `rule_draft_length`, the rule's block is cut to
   that many slots (the lookup's continuation keeps all k) and vLLM verifies only those
-  (draft_length.py);
+  (draft_length.py); with `draft_confidence_floor`, each greedy request's block is cut further
+  where the drafter's probability that it is right so far falls below the floor
+  (draft_length.confident_cut);
 - `propose` at k = 0 (a speculation schedule's plain step), and in a hybrid step where every
   request drafts its lookup continuation, skips the drafter's pass over the queries, whose block
   would be discarded, and keeps the step's context for the next pass that writes context, which
@@ -47,8 +49,8 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
-from vllm_liliprop.draft_length import (NO_DRAFT, cut_drafts, kept_length, pad_drafts, queried_masks,
-                                        rule_slots, short_block_advice)
+from vllm_liliprop.draft_length import (NO_DRAFT, confident_cut, cut_drafts, kept_length, pad_drafts,
+                                        queried_masks, rule_slots, short_block_advice)
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -232,6 +234,7 @@ class LiliPropProposer(DFlashProposer):
         self._decode_rows = torch.empty(0, dtype=torch.int64)  # _rows_of_decode_step's arange
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
+        self._confidence_floor = getattr(self.liliprop_options, "draft_confidence_floor", None)
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
         # Sampled requests never draft at any batch size: their context pass can go too.
         self._sampled_skip_context = self._sampled_k is not None and sampled_never_draft(
@@ -241,6 +244,9 @@ class LiliPropProposer(DFlashProposer):
             refuse_heterogeneous_vocab(spec)
             check_rule_draft_length(self._rule_draft_length, spec, vllm_config.scheduler_config)
             check_sampled_k_for_engine(self._sampled_k, spec, vllm_config.scheduler_config)
+            if self._confidence_floor is not None:
+                _refuse_async_scheduling(f"liliprop.draft_confidence_floor = {self._confidence_floor}",
+                                         vllm_config.scheduler_config)
             logger.info(
                 "vllm-liliprop serves this draft: %s (sources: %s)",
                 self.liliprop_options.to_dict(),
@@ -715,6 +721,9 @@ class LiliPropProposer(DFlashProposer):
         try:
             output = self.draft_rule.propose(inputs)
             token_ids, probs = apply_fallback(inputs, output)
+            if self._confidence_floor is not None and output.confidence is not None:
+                token_ids = confident_cut(token_ids, output.confidence, self._confidence_floor,
+                                          inputs.temperature)
         except Exception:  # a head must never take the engine down or change the output
             if self.num_rule_faults_raised == 0:
                 self._warn_fault("raised", exc_info=True)
