@@ -217,13 +217,16 @@ class OfflineEngine:
         """What this engine serves, read back from vLLM's config: the dtype and the k drafted at
         each batch size up to max_num_seqs (k = 0: plain decoding steps), and how many tokens of
         the rule's block vLLM verifies where `rule_draft_length` cuts it, e.g.
-        "dtype bfloat16, k 3 at batch 1-4, 0 at batch 5-16" or "dtype bfloat16, k 7 at batch 1, 3
-        verified (rule_draft_length)"."""
+        "dtype bfloat16, k 3 at batch 1-4, 0 at batch 5-16" or "dtype bfloat16, k 7 at batch 1, at
+        most 3 verified (rule_draft_length)", and the confidence floor where one cuts greedy drafts."""
         config = self._engine().vllm_config
         dtype = str(config.model_config.dtype).removeprefix("torch.")
         served = f"dtype {dtype}, k {describe_k(k_by_batch_size(config.speculative_config, self.max_num_seqs))}"
-        cut = (self.liliprop_options or {}).get("rule_draft_length")
-        return served if cut is None else f"{served}, {cut} verified (rule_draft_length)"
+        options = self.liliprop_options or {}
+        cut, floor = options.get("rule_draft_length"), options.get("draft_confidence_floor")
+        if cut is not None:
+            served = f"{served}, at most {cut} verified (rule_draft_length)"
+        return served if floor is None else f"{served}, greedy drafts cut below confidence {floor}"
 
     def counters(self) -> SpecDecodeCounters:
         """This engine's counters since it started (engine_counters.py: several engines may be open)."""
