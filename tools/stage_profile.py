@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from torch.profiler import ProfilerActivity, profile
+
 from eval.schedule import HELDOUT, heldout_prompts, pinned, renderer, sampling
 from eval.systems import load_systems
 
@@ -45,8 +47,6 @@ def main(argv=None) -> None:
         stages = {s: round(v, 2) for s, v in times.per_step_ms().items()}
         print(f"{args.system} k={args.k}: {result.num_steps} steps, ms per step {stages}")
         if args.ops:
-            from torch.profiler import ProfilerActivity, profile
-
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 eng.run_batch(prompts[2:3], render, sampling(0.0, 48))
             print(prof.key_averages(group_by_input_shape=True).table(
