@@ -31,6 +31,7 @@ def test_the_drafters_own_probability_cuts_its_argmax_without_changing_the_outpu
     seen = []
 
     def record(drafter):
+        drafter.draft_rule.reports_confidence = True  # as a floor would build it, without a cut
         propose = drafter.draft_rule.propose
 
         def recording(inputs):

@@ -11,6 +11,7 @@ sync checks in `python -m tools.kernels.device_check`.
 import pytest
 import torch
 
+from vllm_liliprop.draft_length import confident_cut
 from vllm_liliprop.heads.dels import GRUShortHead, MarkovShortHead
 from vllm_liliprop.heads.lattice import LatticeConfig, LatticeHead
 from vllm_liliprop.rules import ArgmaxRule, DraftInputs, DraftOutput
@@ -55,6 +56,7 @@ def _rules():
     prior = torch.empty(V, device=META)
     weights = [0.3] * S
     yield "argmax", ArgmaxRule(), False
+    yield "argmax-confidence", ArgmaxRule(reports_confidence=True), False  # draft_confidence_floor
     yield "lattice-greedy", LatticeRule(_lattice_head(), V, "greedy"), False
     yield "lattice-viterbi", LatticeRule(_lattice_head(), V, "viterbi"), False
     yield "lattice-sampled", LatticeRule(_lattice_head(), V, "greedy", "probabilistic"), True
@@ -80,6 +82,8 @@ def test_rule_and_fallback_run_without_host_reads(rule, sampled):
     inputs = _inputs(sampled)
     output = rule.propose(inputs)
     token_ids, probs = apply_fallback(inputs, output)
+    if output.confidence is not None:  # the proposer's confidence cut, as served
+        token_ids = confident_cut(token_ids, output.confidence, 0.06, inputs.temperature)
     assert token_ids.device == META and token_ids.shape == (B, S)
     assert (probs is not None) == sampled
     if sampled:

@@ -61,7 +61,7 @@ def confident_cut(token_ids: torch.Tensor, confidence: torch.Tensor, floor: floa
 
     A verified slot costs the target a query row whether or not it is accepted; with a
     calibrated drafter, the product is the chance the slot is reached and accepted, so the cut
-    drops the slots that would cost more than they yield (docs/serving.md, "Confidence cut").
+    drops the slots that would cost more than they yield (docs/serving.md, `draft_confidence_floor`).
     Greedy rows only (temperature [B], None: all greedy): greedy verification compares tokens,
     so any cut is lossless there, while cutting a sampled draft on its own tokens' probabilities
     would bias rejection sampling. A non-finite confidence cuts nothing (the fallback's

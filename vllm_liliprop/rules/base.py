@@ -67,9 +67,9 @@ class DraftOutput:
     # [B, S] int64: the drafter's argmax, when the rule already has it (its top-1 candidates);
     # saves the proposer recomputing it for the faulty-row replacement.
     fallback_ids: torch.Tensor | None = None
-    # [B, S] fp32: the drafter's probability of each drafted token, for rules that have the
-    # drafter's logits at hand (argmax, dels); None otherwise. The proposer's confidence cut
-    # (`draft_confidence_floor`, draft_length.confident_cut) reads it.
+    # [B, S] fp32: the drafter's probability of each drafted token, from rules that have the
+    # drafter's logits at hand (argmax, dels) and were built for `draft_confidence_floor`; None
+    # otherwise. The proposer's confidence cut (draft_length.confident_cut) reads it.
     confidence: torch.Tensor | None = None
 
 
@@ -96,14 +96,16 @@ class ArgmaxRule:
 
     name = "argmax"
 
-    def __init__(self, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, vocab_ids: torch.Tensor | None = None, reports_confidence: bool = False):
         self.vocab_ids = vocab_ids  # ascending target ids of the draft vocabulary, or None
+        # Only where `draft_confidence_floor` reads it: a logsumexp over every slot's logits.
+        self.reports_confidence = reports_confidence
 
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         logits = scored_logits(inputs, self.vocab_ids)
         ids = logits.argmax(-1)
         faulty = non_finite_rows(logits, chosen=logits.gather(-1, ids.unsqueeze(-1)))
-        confidence = drafted_probability(logits, ids)
+        confidence = drafted_probability(logits, ids) if self.reports_confidence else None
         if self.vocab_ids is not None:
             ids = self.vocab_ids[ids]
         return DraftOutput(ids, faulty_rows=faulty, fallback_ids=ids, confidence=confidence)

@@ -51,7 +51,8 @@ class DelsRule:
     needs_anchor_hidden = False
 
     def __init__(self, head, log_prior, alpha, beta, pure_draft_prefix_len=0,
-                 sampling="deterministic", vocab_ids: torch.Tensor | None = None):
+                 sampling="deterministic", vocab_ids: torch.Tensor | None = None,
+                 reports_confidence: bool = False):
         self.vocab_size = int(log_prior.numel())
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(log_prior.device).long()
         if self.vocab_ids is not None:
@@ -61,13 +62,14 @@ class DelsRule:
         self.beta = device_schedule(beta, log_prior)
         self.pure_draft_prefix_len = pure_draft_prefix_len
         self.sampling = sampling
+        self.reports_confidence = reports_confidence  # for draft_confidence_floor only
         self.name = "dels" + ("-sampled" if sampling == "probabilistic" else "")
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DelsRule":
         head, log_prior, alpha, beta, prefix = load_dels(options, resources)
         return cls(head, log_prior, alpha, beta, prefix, options.sampling,
-                   resources.draft_vocab_ids)
+                   resources.draft_vocab_ids, options.draft_confidence_floor is not None)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -89,6 +91,6 @@ class DelsRule:
                 vocab_ids=self.vocab_ids,
             )
         # The long logits are at hand: their argmax saves the fallback a second projection.
-        output = DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1),
-                             drafted_probability(long_logits, ids))
+        confidence = drafted_probability(long_logits, ids) if self.reports_confidence else None
+        output = DraftOutput(ids, probs, faulty, long_logits.argmax(dim=-1), confidence)
         return to_target_ids(output, self.vocab_ids, self.vocab_size)
