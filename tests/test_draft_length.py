@@ -88,16 +88,16 @@ def test_a_bad_confidence_floor_names_the_field(bad):
         check_confidence_floor(bad, "where")
 
 
-def test_the_confidence_floor_is_checked_where_it_is_read_and_needs_a_rule_that_reports_it():
+def test_the_confidence_floor_is_checked_where_it_is_read_and_serves_every_built_in_rule():
     with pytest.raises(OptionError, match=r"dflash_config.liliprop.draft_confidence_floor = 2"):
         resolve_options(["DFlashDraftModel"], {"liliprop": {"draft_confidence_floor": 2}}, environ={})
     options = resolve_options(["DFlashDraftModel"], {"liliprop": {"draft_confidence_floor": 0.06}},
                               environ={})
     assert options.draft_confidence_floor == 0.06
-    with pytest.raises(OptionError, match=r"draft_confidence_floor \(from checkpoint\) needs a rule "
-                                          r"that reports .* rule 'domino'"):
-        resolve_options(["DFlashDraftModel"], {"liliprop": {"rule": "domino", "draft_confidence_floor": 0.1}},
-                        environ={})
+    options = resolve_options(["DFlashDraftModel"], {"liliprop": {"rule": "domino",
+                                                                  "draft_confidence_floor": 0.1}},
+                              environ={})
+    assert (options.rule, options.draft_confidence_floor) == ("domino", 0.1)
 
 
 def test_the_drafters_probability_of_its_draft_is_its_softmax_at_the_drafted_token():

@@ -31,9 +31,6 @@ LILICORR_ARCH = "LiLiCorrDraftModel"
 DSPARK_ARCH = "Qwen3DSparkModel"
 
 RULES = ("argmax", "lattice", "dels", "lattice+dels", "dspark", "domino")
-# The built-in rules that report the drafter's probability of each drafted token (DraftOutput.
-# confidence), which `draft_confidence_floor` needs; a custom rule may report it too.
-CONFIDENT_RULES = ("argmax", "dels")
 WALKS = ("greedy", "viterbi")
 SAMPLINGS = ("deterministic", "probabilistic")
 
@@ -219,12 +216,6 @@ def resolve_options(
         raise OptionError(
             f"rule {options.rule!r} (from {where}) needs a LiLiCorr head, but the draft's "
             f"architecture is {architectures}; use a {LILICORR_ARCH} checkpoint or rule 'dels'/'argmax'."
-        )
-    if options.draft_confidence_floor is not None and options.rule in RULES and options.rule not in CONFIDENT_RULES:
-        raise OptionError(
-            f"draft_confidence_floor (from {sources['draft_confidence_floor']}) needs a rule that "
-            f"reports the drafter's probability of its drafts ({', '.join(CONFIDENT_RULES)}); rule "
-            f"{options.rule!r} (from {where}) does not: leave draft_confidence_floor out for it."
         )
     if (options.rule == "dspark") != is_dspark and options.rule in RULES:
         raise OptionError(

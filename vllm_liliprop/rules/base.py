@@ -67,8 +67,8 @@ class DraftOutput:
     # [B, S] int64: the drafter's argmax, when the rule already has it (its top-1 candidates);
     # saves the proposer recomputing it for the faulty-row replacement.
     fallback_ids: torch.Tensor | None = None
-    # [B, S] fp32: the drafter's probability of each drafted token, from rules that have the
-    # drafter's logits at hand (argmax, dels) and were built for `draft_confidence_floor`; None
+    # [B, S] fp32: the drafter's probability of each drafted token (whichever token the rule
+    # drafted), from rules built for `draft_confidence_floor` (every built-in rule can be); None
     # otherwise. The proposer's confidence cut (draft_length.confident_cut) reads it.
     confidence: torch.Tensor | None = None
 

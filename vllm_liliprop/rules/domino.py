@@ -50,13 +50,14 @@ def scoring(head: DominoHead, ids: torch.Tensor) -> DominoHead:
 
 class DominoRule(SequentialHeadRule):
     def __init__(self, head: DominoHead, vocab_size: int, sampling: str = "deterministic",
-                 vocab_ids: torch.Tensor | None = None):
+                 vocab_ids: torch.Tensor | None = None, reports_confidence: bool = False):
         device = head.vocab_ids.device
         vocab_ids = None if vocab_ids is None else vocab_ids.to(device).long()
         scored = torch.arange(vocab_size, device=device) if vocab_ids is None else vocab_ids
-        super().__init__("domino", scoring(head, scored).eval(), vocab_size, sampling, vocab_ids)
+        super().__init__("domino", scoring(head, scored).eval(), vocab_size, sampling, vocab_ids,
+                         reports_confidence)
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DominoRule":
         return cls(load_domino(options, resources), resources.vocab_size, options.sampling,
-                   resources.draft_vocab_ids)
+                   resources.draft_vocab_ids, options.draft_confidence_floor is not None)

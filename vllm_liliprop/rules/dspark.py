@@ -76,17 +76,20 @@ def read_topk(resources) -> int | None:
 
 class DSparkRule(SequentialHeadRule):
     def __init__(self, head: MarkovBiasHead, vocab_size: int, topk: int | None = None,
-                 sampling: str = "deterministic", vocab_ids: torch.Tensor | None = None):
+                 sampling: str = "deterministic", vocab_ids: torch.Tensor | None = None,
+                 reports_confidence: bool = False):
         device = head.markov_w1.weight.device
         rows = head.markov_w2.weight.shape[0]
         self.topk = None if topk is None else min(int(topk), rows)
         super().__init__("dspark" + ("" if topk is None else f"-top{self.topk}"), head, vocab_size,
-                         sampling, None if vocab_ids is None else vocab_ids.to(device).long())
+                         sampling, None if vocab_ids is None else vocab_ids.to(device).long(),
+                         reports_confidence)
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DSparkRule":
         return cls(load_markov_head(resources), resources.vocab_size, read_topk(resources),
-                   options.sampling, resources.draft_vocab_ids)
+                   options.sampling, resources.draft_vocab_ids,
+                   options.draft_confidence_floor is not None)
 
     def candidate_mask(self, base: torch.Tensor) -> torch.Tensor | None:
         """[B, S, n] bool: each slot's top-k base candidates (None without top-k)."""

@@ -22,6 +22,7 @@ class Lattice:
     candidate_ids: torch.Tensor  # [B, S, K] int64
     start: torch.Tensor  # [B, K] fp32
     pairs: torch.Tensor  # [B, S-1, K, K] fp32
+    log_probs: torch.Tensor | None = None  # [B, S, K] fp32: the drafter's log-probs of the candidates
 
     def top1_ids(self) -> torch.Tensor:
         """[B, S]: each slot's best candidate, i.e. the drafter's argmax (ties to the lowest id)."""
@@ -99,19 +100,21 @@ class LatticeRule:
     needs_anchor_hidden = True
 
     def __init__(self, head: LatticeHead, vocab_size: int, walk: str = "greedy",
-                 sampling: str = "deterministic", reference: bool = False):
+                 sampling: str = "deterministic", reference: bool = False,
+                 reports_confidence: bool = False):
         self.head = head
         self.vocab_size = vocab_size
         self.walk = walk
         self.sampling = sampling
         self.reference = reference
         self.scorer = None if reference else ServingLatticeHead(head)
+        self.reports_confidence = reports_confidence  # for draft_confidence_floor only
         self.name = f"lattice-{walk}" + ("-sampled" if sampling == "probabilistic" else "")
 
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "LatticeRule":
         return cls(load_lattice_head(resources), resources.vocab_size, options.walk,
-                   options.sampling)
+                   options.sampling, reports_confidence=options.draft_confidence_floor is not None)
 
     @torch.inference_mode()
     def lattice(self, inputs: DraftInputs) -> Lattice:
@@ -128,7 +131,7 @@ class LatticeRule:
             inputs.embed(ids), log_probs, inputs.hidden, inputs.anchor_hidden, inputs.anchor_valid
         )
         start, pairs = with_logprob_prior(start, pairs, log_probs, self.head.config.prior_weight)
-        return Lattice(ids, start, pairs)
+        return Lattice(ids, start, pairs, log_probs)
 
     def walk_faults(self, start: torch.Tensor, pairs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return (walk_faults_reference if self.reference else walk_faults)(start, pairs, index)
@@ -138,7 +141,11 @@ class LatticeRule:
         """The block of a walked lattice: each slot's chosen candidate, with the drafter's
         argmax (the top-1 candidates) as the faulty rows' fallback."""
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        return DraftOutput(token_ids, probs, faulty, lattice.top1_ids())
+        confidence = None
+        if self.reports_confidence and lattice.log_probs is not None:
+            # The candidates' log-probs are the drafter's full-vocabulary ones: no logsumexp here.
+            confidence = lattice.log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1).exp()
+        return DraftOutput(token_ids, probs, faulty, lattice.top1_ids(), confidence)
 
     def walk_scores(self, inputs: DraftInputs, lattice: Lattice):
         """(start, pairs) the walk maximizes; the DeLS combination adds its terms here."""

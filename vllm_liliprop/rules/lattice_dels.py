@@ -25,8 +25,8 @@ from vllm_liliprop.rules.lattice import LatticeRule, load_lattice_head
 
 class LatticeDelsRule(LatticeRule):
     def __init__(self, head, vocab_size, short_head, log_prior, alpha, beta, prefix_len,
-                 walk="greedy", sampling="deterministic", reference=False):
-        super().__init__(head, vocab_size, walk, sampling, reference)
+                 walk="greedy", sampling="deterministic", reference=False, reports_confidence=False):
+        super().__init__(head, vocab_size, walk, sampling, reference, reports_confidence)
         self.short_head, self.log_prior = short_head, log_prior
         self.alpha = device_schedule(alpha, log_prior)
         self.beta = device_schedule(beta, log_prior)
@@ -44,7 +44,8 @@ class LatticeDelsRule(LatticeRule):
                 "'deterministic' or a Markov head."
             )
         return cls(load_lattice_head(resources), resources.vocab_size, short_head, log_prior,
-                   alpha, beta, prefix, options.walk, options.sampling)
+                   alpha, beta, prefix, options.walk, options.sampling,
+                   reports_confidence=options.draft_confidence_floor is not None)
 
     def _schedules(self, num_slots):
         return self.alpha[:num_slots], self.beta[:num_slots]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from vllm_liliprop.heads.sequential import argmax_pick, sampled_pick, sequential_draft
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput, scored_logits, to_target_ids
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, drafted_probability, scored_logits, to_target_ids
 from vllm_liliprop.rules.lattice import sampling_temperature
 
 
@@ -20,9 +20,10 @@ class SequentialHeadRule:
     needs_anchor_hidden = False
 
     def __init__(self, name: str, head, vocab_size: int, sampling: str = "deterministic",
-                 vocab_ids: torch.Tensor | None = None):
+                 vocab_ids: torch.Tensor | None = None, reports_confidence: bool = False):
         self.head, self.vocab_size, self.sampling = head, vocab_size, sampling
         self.vocab_ids = vocab_ids
+        self.reports_confidence = reports_confidence  # for draft_confidence_floor only
         self.name = name + ("-sampled" if sampling == "probabilistic" else "")
 
     def candidate_mask(self, base: torch.Tensor) -> torch.Tensor | None:
@@ -40,5 +41,8 @@ class SequentialHeadRule:
         ids, faulty = sequential_draft(base, inputs.anchor_ids, inputs.hidden, self.head, pick,
                                        self.vocab_ids, self.candidate_mask(base))
         # The drafter's logits are at hand: their argmax saves the fallback a second projection.
-        output = DraftOutput(ids, probs, faulty, base.argmax(dim=-1))
+        # The drafter's probability of the corrected draft, as the DeLS rule reports it: the
+        # measured-calibrated quantity (docs/measurements-smollm2.md, "The confidence cut").
+        confidence = drafted_probability(base, ids) if self.reports_confidence else None
+        output = DraftOutput(ids, probs, faulty, base.argmax(dim=-1), confidence)
         return to_target_ids(output, self.vocab_ids, self.vocab_size)

@@ -235,6 +235,7 @@ class LiliPropProposer(DFlashProposer):
         self._rule_draft_length = getattr(self.liliprop_options, "rule_draft_length", None)
         self._sampled_k = getattr(self.liliprop_options, "sampled_k", None)
         self._confidence_floor = getattr(self.liliprop_options, "draft_confidence_floor", None)
+        self._warned_no_confidence = False
         self.num_sampled_plain_steps = 0  # steps whose every request was sampled at k = 0
         # Sampled requests never draft at any batch size: their context pass can go too.
         self._sampled_skip_context = self._sampled_k is not None and sampled_never_draft(
@@ -700,6 +701,18 @@ class LiliPropProposer(DFlashProposer):
             return super()._greedy_sample(hidden_states)
         return self._draft_argmax(hidden_states)
 
+    def _cut_by_confidence(self, token_ids: torch.Tensor, output, temperature) -> torch.Tensor:
+        """`draft_confidence_floor`'s cut; a custom rule that reports no confidence keeps its
+        drafts whole, and the log says so once (every built-in rule reports it)."""
+        if output.confidence is None:
+            if not self._warned_no_confidence:
+                self._warned_no_confidence = True
+                logger.warning("liliprop.draft_confidence_floor is set but rule %r reports no "
+                               "DraftOutput.confidence: its drafts are not cut",
+                               getattr(self.draft_rule, "name", self.draft_rule))
+            return token_ids
+        return confident_cut(token_ids, output.confidence, self._confidence_floor, temperature)
+
     @override
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         if self.draft_rule is None:
@@ -721,9 +734,8 @@ class LiliPropProposer(DFlashProposer):
         try:
             output = self.draft_rule.propose(inputs)
             token_ids, probs = apply_fallback(inputs, output)
-            if self._confidence_floor is not None and output.confidence is not None:
-                token_ids = confident_cut(token_ids, output.confidence, self._confidence_floor,
-                                          inputs.temperature)
+            if self._confidence_floor is not None:
+                token_ids = self._cut_by_confidence(token_ids, output, inputs.temperature)
         except Exception:  # a head must never take the engine down or change the output
             if self.num_rule_faults_raised == 0:
                 self._warn_fault("raised", exc_info=True)
