@@ -56,3 +56,17 @@ def test_sampled_requests_keep_their_whole_draft(tiny_models):
                               options={"rule": FADING, "draft_confidence_floor": 0.3})
     assert counters.num_drafts > 0
     assert counters.num_draft_tokens == K * counters.num_drafts
+
+
+def test_a_lilicorr_draft_is_cut_on_its_walked_candidates_probability(tiny_models, stock, tmp_path):
+    """The lattice rule reports the drafter's probability of the candidate its walk took; a floor
+    cuts some of its slots in a served engine and output stays plain decoding's."""
+    from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
+
+    draft = str(build_tiny_lilicorr_draft(tmp_path / "lilicorr", tiny_models["target"]))
+    ids, counters, drafter = generate(tiny_models["target"], draft,
+                                      options={"walk": "greedy", "draft_confidence_floor": 0.001})
+    assert drafter.draft_rule.name == "lattice-greedy" and drafter.draft_rule.reports_confidence
+    assert ids == plain32(stock)
+    assert drafter.num_rule_faults == 0
+    assert 0 < counters.num_draft_tokens < K * counters.num_drafts
