@@ -44,6 +44,9 @@ def test_run_sh_evaluates_the_shipped_drafts_and_writes_plots(tmp_path):
     assert {json.loads(f)["dtype"] for f in results["engine_flags"]} == {fast_dtype()}
     assert {json.loads(f)["dtype"] for f in checked["engine_flags"]} == {"float32"}
     assert "greedy output identical to AR (prompts, float32)" in proc.stdout
+    # Served by this host kind's measured plan (run.sh: eval run --plans), under its own name.
+    assert "[main job] plans: testbed/smollm2/schedule/" in proc.stdout
+    assert all("num_speculative_tokens_per_batch_size" in c for c in lattice["system_config"])
     assert "≠" not in proc.stdout.split("greedy output identical to AR")[1]
     assert "### tau" in proc.stdout
     index = (tmp_path / "plots" / "index.md").read_text()
