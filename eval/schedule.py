@@ -44,12 +44,11 @@ from pathlib import Path
 
 from eval import schedule_model
 from eval.prompts import PromptRenderer
-from eval.systems import BASELINE, load_systems, select_systems
+from eval.systems import BASELINE, SCHEDULED, load_systems, select_systems
 from training.data import read_jsonl_conversations
 from vllm_liliprop.host import fast_dtype
 
 HELDOUT = "testbed/smollm2/data/heldout_regenerated.jsonl.gz"
-SCHEDULED = "-scheduled"
 SAMPLED = "+sampled-k"
 SEED = 42  # of the sampled runs (--temperature > 0)
 

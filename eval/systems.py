@@ -263,7 +263,7 @@ def load_systems(path: str | Path | None, variables: dict[str, str] | None = Non
     return Catalog(entries, dict(variables or {}))
 
 
-PLANNED = "-scheduled"  # `eval schedule` writes a system's measured plan under this suffix
+SCHEDULED = "-scheduled"  # `eval schedule` writes a system's measured plan under this suffix
 
 
 def with_plans(catalog: Catalog, path: str | Path) -> Catalog:
@@ -281,8 +281,8 @@ def with_plans(catalog: Catalog, path: str | Path) -> Catalog:
         raise SystemsError(f"plan file {path} must be a JSON object: name -> entry")
     entries = dict(catalog.entries)
     for name in catalog.entries:
-        if name + PLANNED in plans:
-            entries[name] = (plans[name + PLANNED], f"{path}: {name}{PLANNED}")
+        if name + SCHEDULED in plans:
+            entries[name] = (plans[name + SCHEDULED], f"{path}: {name}{SCHEDULED}")
     return Catalog(entries, catalog.variables)
 
 

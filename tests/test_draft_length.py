@@ -108,13 +108,3 @@ def test_the_drafters_probability_of_its_draft_is_its_softmax_at_the_drafted_tok
     expected = logits.softmax(-1).gather(-1, ids[..., None])[..., 0]
     assert torch.allclose(drafted_probability(logits, ids), expected, atol=1e-6)
 
-
-def test_the_rules_compute_their_confidence_only_for_the_floor():
-    from vllm_liliprop.rules.base import ArgmaxRule, DraftInputs
-
-    logits = torch.randn(2 * 3, 11)
-    inputs = DraftInputs(hidden=torch.zeros(2, 3, 4), anchor_ids=torch.zeros(2, dtype=torch.long),
-                         compute_logits=lambda h: logits, embed=lambda ids: None)
-    assert ArgmaxRule().propose(inputs).confidence is None  # no logsumexp on the hot path
-    reported = ArgmaxRule(reports_confidence=True).propose(inputs).confidence
-    assert torch.allclose(reported, logits.softmax(-1).max(-1).values.view(2, 3), atol=1e-6)

@@ -58,6 +58,7 @@ def _rules():
     yield "argmax", ArgmaxRule(), False
     yield "argmax-confidence", ArgmaxRule(reports_confidence=True), False  # draft_confidence_floor
     yield "lattice-greedy", LatticeRule(_lattice_head(), V, "greedy"), False
+    yield "lattice-greedy-confidence", LatticeRule(_lattice_head(), V, "greedy", reports_confidence=True), False
     yield "lattice-viterbi", LatticeRule(_lattice_head(), V, "viterbi"), False
     yield "lattice-sampled", LatticeRule(_lattice_head(), V, "greedy", "probabilistic"), True
     for kind in ("markov", "gru"):

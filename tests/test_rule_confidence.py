@@ -81,6 +81,7 @@ def _inputs(reduced: bool) -> DraftInputs:
 
 
 CASES = list(_rules(True))
+NO_FLOOR = list(_rules(False))
 
 
 @pytest.mark.parametrize("rule, reduced", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
@@ -104,6 +105,6 @@ def test_some_rule_drafts_other_than_the_argmax_so_the_check_above_is_not_the_ar
     assert sum(differs) >= 4
 
 
-@pytest.mark.parametrize("name, rule, reduced", list(_rules(False)), ids=[c[0] for c in _rules(False)])
-def test_without_the_floor_no_rule_reports_a_confidence(name, rule, reduced):
+@pytest.mark.parametrize("rule, reduced", [case[1:] for case in NO_FLOOR], ids=[case[0] for case in NO_FLOOR])
+def test_without_the_floor_no_rule_reports_a_confidence(rule, reduced):
     assert rule.propose(_inputs(reduced)).confidence is None

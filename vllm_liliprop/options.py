@@ -74,6 +74,12 @@ class LiliPropOptions:
         return out
 
     @property
+    def reports_confidence(self) -> bool:
+        """Whether rules must report DraftOutput.confidence: only for `draft_confidence_floor`
+        (it costs a logsumexp over every slot's logits in most rules)."""
+        return self.draft_confidence_floor is not None
+
+    @property
     def uses_lattice(self) -> bool:
         return self.rule in ("lattice", "lattice+dels")
 

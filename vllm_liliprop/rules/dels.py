@@ -69,7 +69,7 @@ class DelsRule:
     def from_resources(cls, options: LiliPropOptions, resources) -> "DelsRule":
         head, log_prior, alpha, beta, prefix = load_dels(options, resources)
         return cls(head, log_prior, alpha, beta, prefix, options.sampling,
-                   resources.draft_vocab_ids, options.draft_confidence_floor is not None)
+                   resources.draft_vocab_ids, options.reports_confidence)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:

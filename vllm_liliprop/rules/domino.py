@@ -60,4 +60,4 @@ class DominoRule(SequentialHeadRule):
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "DominoRule":
         return cls(load_domino(options, resources), resources.vocab_size, options.sampling,
-                   resources.draft_vocab_ids, options.draft_confidence_floor is not None)
+                   resources.draft_vocab_ids, options.reports_confidence)

@@ -89,7 +89,7 @@ class DSparkRule(SequentialHeadRule):
     def from_resources(cls, options: LiliPropOptions, resources) -> "DSparkRule":
         return cls(load_markov_head(resources), resources.vocab_size, read_topk(resources),
                    options.sampling, resources.draft_vocab_ids,
-                   options.draft_confidence_floor is not None)
+                   options.reports_confidence)
 
     def candidate_mask(self, base: torch.Tensor) -> torch.Tensor | None:
         """[B, S, n] bool: each slot's top-k base candidates (None without top-k)."""

@@ -75,7 +75,7 @@ def check_lattice_weights(resources: RuleResources) -> None:
 # Each built-in rule's constructor from the options and what the proposer loaded.
 RULES: dict[str, Callable[[LiliPropOptions, RuleResources], DraftRule]] = {
     "argmax": lambda options, resources: ArgmaxRule(resources.draft_vocab_ids,
-                                                    options.draft_confidence_floor is not None),
+                                                    options.reports_confidence),
     "lattice": LatticeRule.from_resources,
     "dels": DelsRule.from_resources,
     "lattice+dels": LatticeDelsRule.from_resources,

@@ -22,7 +22,7 @@ class Lattice:
     candidate_ids: torch.Tensor  # [B, S, K] int64
     start: torch.Tensor  # [B, K] fp32
     pairs: torch.Tensor  # [B, S-1, K, K] fp32
-    log_probs: torch.Tensor | None = None  # [B, S, K] fp32: the drafter's log-probs of the candidates
+    log_probs: torch.Tensor  # [B, S, K] fp32: the drafter's log-probs of the candidates
 
     def top1_ids(self) -> torch.Tensor:
         """[B, S]: each slot's best candidate, i.e. the drafter's argmax (ties to the lowest id)."""
@@ -114,7 +114,7 @@ class LatticeRule:
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "LatticeRule":
         return cls(load_lattice_head(resources), resources.vocab_size, options.walk,
-                   options.sampling, reports_confidence=options.draft_confidence_floor is not None)
+                   options.sampling, reports_confidence=options.reports_confidence)
 
     @torch.inference_mode()
     def lattice(self, inputs: DraftInputs) -> Lattice:
@@ -142,7 +142,7 @@ class LatticeRule:
         argmax (the top-1 candidates) as the faulty rows' fallback."""
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
         confidence = None
-        if self.reports_confidence and lattice.log_probs is not None:
+        if self.reports_confidence:
             # The candidates' log-probs are the drafter's full-vocabulary ones: no logsumexp here.
             confidence = lattice.log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1).exp()
         return DraftOutput(token_ids, probs, faulty, lattice.top1_ids(), confidence)

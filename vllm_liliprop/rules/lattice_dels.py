@@ -45,7 +45,7 @@ class LatticeDelsRule(LatticeRule):
             )
         return cls(load_lattice_head(resources), resources.vocab_size, short_head, log_prior,
                    alpha, beta, prefix, options.walk, options.sampling,
-                   reports_confidence=options.draft_confidence_floor is not None)
+                   reports_confidence=options.reports_confidence)
 
     def _schedules(self, num_slots):
         return self.alpha[:num_slots], self.beta[:num_slots]
