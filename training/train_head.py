@@ -37,7 +37,7 @@ from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.walks import greedy_walk
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
-__all__ = ["head_loss", "store_ranks", "lattice_metrics", "train_head", "main"]
+__all__ = ["head_loss", "store_ranks", "walk_hits", "lattice_metrics", "train_head", "main"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -99,22 +99,29 @@ def store_ranks(store: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
+def walk_hits(head, store: dict, embed: torch.Tensor, batch: int = 1024,
+              prior: torch.Tensor | None = None) -> torch.Tensor:
+    """bool [M, S]: where the head's greedy walk over each stored block picks the true token."""
+    head.eval()
+    n, walks = store["targets"].shape[0], []
+    for at in range(0, n, batch):
+        start, pairs, ids = walk_scores(head, prior, store, torch.arange(at, min(at + batch, n)),
+                                        head.config.candidate_topk, embed)
+        walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
+    head.train()
+    return torch.cat(walks) == store["targets"].long()
+
+
+@torch.no_grad()
 def lattice_metrics(head, store: dict, embed: torch.Tensor, batch: int = 1024,
                     prior: torch.Tensor | None = None, scored_slots: int | None = None) -> dict[str, float]:
     """Held-out taus of the greedy walk, the drafter's argmax and the oracle prefix at the
     head's K (training.headroom_metrics), and the walk's share of that headroom. With
     `scored_slots`, the walk runs over the whole lattice and only its first `scored_slots`
     picks count, as an engine that builds a longer lattice than it verifies would draft."""
-    head.eval()
     k = head.config.candidate_topk
-    n = store["targets"].shape[0]
-    walks = []
-    for at in range(0, n, batch):
-        start, pairs, ids = walk_scores(head, prior, store, torch.arange(at, min(at + batch, n)), k, embed)
-        walks.append(ids.gather(-1, greedy_walk(start, pairs).unsqueeze(-1)).squeeze(-1))
-    head.train()
     rank, valid = store_ranks(store)
-    hits = torch.cat(walks) == store["targets"].long()
+    hits = walk_hits(head, store, embed, batch, prior)
     scored = slice(None, scored_slots)
     m = headroom_metrics(rank[:, scored], valid[:, scored], hits[:, scored], ks=(k,))
     return {"walk_tau": round(m["walk_tau"], 4), "argmax_tau": round(m["argmax_tau"], 4),
