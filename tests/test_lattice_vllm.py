@@ -78,3 +78,27 @@ def test_under_load_with_preemption_outputs_stay_exact(tiny_models, random_lilic
     assert len(spec) == 256 and all(len(ys) == 24 for ys in spec)
     assert spec == plain
     assert drafter.num_rule_faults == 0
+
+
+def test_candidate_vocab_decides_the_candidates(tiny_models, stock, ranked):
+    """A draft whose candidate_vocab/ leaves out the drafter's favourite z0: the lattice's
+    candidates are [c, z1, z2, ...], so a head that walks rank 0 drafts c in every slot
+    (counters = those predicted for constant c) where without the folder it drafts z0."""
+    import torch
+
+    from vllm_liliprop.heads.candidate_vocab import write_candidate_vocab
+
+    root = tiny_models["root"]
+    draft = build_rank_preferring_lilicorr(root / "rank0-vocab", tiny_models["target"], ranked, rank=0)
+    plain = stock["plain"]["ids"]
+    _, counters, _ = generate(tiny_models["target"], draft)
+    assert counters_list(counters) == predict_counters(plain, lambda ys, p: [ranked[0]] * K, K)
+
+    vocab = torch.tensor([i for i in range(1024) if i != ranked[0]])
+    write_candidate_vocab(draft, vocab)
+    ids, counters, drafter = generate(tiny_models["target"], draft)
+    assert torch.equal(drafter.draft_rule.vocab_ids.cpu(), vocab)
+    assert ids == plain32(stock)
+    predicted = predict_counters(plain, lambda ys, p: [ranked[1]] * K, K)
+    assert predicted[2] > 0
+    assert counters_list(counters) == predicted

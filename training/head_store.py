@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from training.data import TokenizedDataset, collate, load_examples
-from training.export import load_dflash
+from training.export import load_dflash, read_draft_vocab
 from training.features import OnlineFeatures, frozen_target_weights
 from training.losses import LossWeights
 from training.objective import DraftObjective
@@ -44,13 +44,24 @@ STORE_K = 16  # candidates kept per slot: the K = 4 / 8 / 16 heads all read a pr
 KEYS = ("candidate_ids", "candidate_log_probs", "slot_hidden", "anchor_hidden", "targets", "target_logq")
 
 
+def within_vocab(logits: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """Logits [..., V] with every id outside `vocab_ids` (None: keep all) at -inf: the candidates
+    and log-probs of a lattice drawn from a reduced candidate vocabulary, as served."""
+    if vocab_ids is None:
+        return logits
+    kept = torch.full_like(logits, float("-inf"))
+    return kept.index_copy_(-1, vocab_ids, logits.index_select(-1, vocab_ids))
+
+
 @torch.no_grad()
-def block_inputs(objective: DraftObjective, target, batch: dict, seeds: list[int], k: int = STORE_K) -> dict:
-    """The head's inputs for every anchor block of a batch (drafter and target frozen)."""
+def block_inputs(objective: DraftObjective, target, batch: dict, seeds: list[int], k: int = STORE_K,
+                 vocab_ids: torch.Tensor | None = None) -> dict:
+    """The head's inputs for every anchor block of a batch (drafter and target frozen); with
+    `vocab_ids`, candidates come from that reduced vocabulary only."""
     feats = OnlineFeatures(target, objective.drafter.config.target_layer_ids, final_hidden=True)(batch)
     draft = objective.draft_blocks(batch["input_ids"], batch["loss_mask"], feats["target_taps"], seeds)
     blocks, slots = draft["targets"].shape
-    ids, log_probs = topk_candidates(draft["draft_logits"].flatten(0, 1), k)
+    ids, log_probs = topk_candidates(within_vocab(draft["draft_logits"].flatten(0, 1), vocab_ids), k)
     ids, log_probs = ids.view(blocks, slots, k), log_probs.view(blocks, slots, k)
     final = objective._slot_states(feats["target_final_hidden"], draft["anchors"], draft["valid"], slots)
     return {"candidate_ids": ids.to(torch.int32), "candidate_log_probs": log_probs.float(),
@@ -61,11 +72,14 @@ def block_inputs(objective: DraftObjective, target, batch: dict, seeds: list[int
 
 
 def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: str | Path, *, anchors: int,
-                seed: int, limit: int | None = None, shard_blocks: int = 8192, progress: bool = True) -> dict:
-    """Write the store for the first `limit` examples; returns its record (also out/store.json)."""
+                seed: int, limit: int | None = None, shard_blocks: int = 8192, progress: bool = True,
+                candidate_vocab: str | Path | None = None) -> dict:
+    """Write the store for the first `limit` examples; returns its record (also out/store.json).
+    `candidate_vocab`: a draft folder whose reduced vocabulary (d2t) the candidates come from."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     drafter = load_dflash(draft_dir).eval()
+    vocab_ids = None if candidate_vocab is None else read_draft_vocab(candidate_vocab)
     embed, lm_head = frozen_target_weights(target)
     objective = DraftObjective(drafter, embed.float(), lm_head.float(), weights=LossWeights(distractor=0.0),
                                num_anchors=anchors)
@@ -88,7 +102,8 @@ def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: s
 
     for i in tqdm(range(done, total), desc="head store", disable=not progress):
         with cpu_autocast():
-            block = block_inputs(objective, target, collate([dataset[i]]), seeds_for([i], seed, 0))
+            block = block_inputs(objective, target, collate([dataset[i]]), seeds_for([i], seed, 0),
+                                 vocab_ids=vocab_ids)
         for key in KEYS:
             pending[key].append(block[key])
         examples_in_shard += 1
@@ -96,7 +111,9 @@ def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: s
             flush()
     flush()
     record = {"draft": str(draft_dir), "examples": total, "anchors_per_example": anchors, "seed": seed,
-              "k": STORE_K, "blocks": sum(int(load_file(str(s))["targets"].shape[0]) for s in shards)}
+              "k": STORE_K, "candidate_vocab": None if candidate_vocab is None else str(candidate_vocab),
+              "candidate_vocab_size": None if vocab_ids is None else int(vocab_ids.numel()),
+              "blocks": sum(int(load_file(str(s))["targets"].shape[0]) for s in shards)}
     (out / "store.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -133,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--anchors", type=int, default=64, help="anchor blocks per example")
     parser.add_argument("--seed", type=int, default=0, help="anchor seed (0: the measure stage's)")
     parser.add_argument("--limit", type=int, default=None, help="first N examples")
+    parser.add_argument("--candidate-vocab", default=None,
+                        help="a draft folder with a reduced vocabulary (d2t): candidates from it only")
     add_verbose_flag(parser)
     args = parser.parse_args(argv)
     quiet_after_parse(args)  # libraries at WARNING unless --verbose
@@ -142,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # bf16 only where this host runs it fast (the stored states are bf16 either way).
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=target_dtype("auto", torch.device("cpu"))).eval()
     print(json.dumps(build_store(args.draft, target, dataset, args.out, anchors=args.anchors, seed=args.seed,
-                                 limit=args.limit)))
+                                 limit=args.limit, candidate_vocab=args.candidate_vocab)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from vllm_liliprop.heads.lattice_prior import with_logprob_prior
 from vllm_liliprop.heads.lattice_serving import ServingLatticeHead
 from vllm_liliprop.kernels import greedy_walk, topk_candidates, viterbi_walk
 from vllm_liliprop.options import LiliPropOptions
-from vllm_liliprop.rules.base import DraftInputs, DraftOutput
+from vllm_liliprop.rules.base import DraftInputs, DraftOutput, scored_logits
 from vllm_liliprop.walks import GREEDY_TEMPERATURE, path_score, sampled_walk
 
 
@@ -101,9 +101,11 @@ class LatticeRule:
 
     def __init__(self, head: LatticeHead, vocab_size: int, walk: str = "greedy",
                  sampling: str = "deterministic", reference: bool = False,
-                 reports_confidence: bool = False):
+                 reports_confidence: bool = False, vocab_ids: torch.Tensor | None = None):
         self.head = head
         self.vocab_size = vocab_size
+        # Ascending target ids the candidates come from (heads/candidate_vocab.py), or None: all.
+        self.vocab_ids = vocab_ids
         self.walk = walk
         self.sampling = sampling
         self.reference = reference
@@ -114,17 +116,20 @@ class LatticeRule:
     @classmethod
     def from_resources(cls, options: LiliPropOptions, resources) -> "LatticeRule":
         return cls(load_lattice_head(resources), resources.vocab_size, options.walk,
-                   options.sampling, reports_confidence=options.reports_confidence)
+                   options.sampling, reports_confidence=options.reports_confidence,
+                   vocab_ids=resources.draft_vocab_ids)
 
     @torch.inference_mode()
     def lattice(self, inputs: DraftInputs) -> Lattice:
         b, s, h = inputs.hidden.shape
         k = self.head.config.candidate_topk
-        logits = inputs.long_logits().view(b * s, -1)
+        logits = scored_logits(inputs, self.vocab_ids).view(b * s, -1)
         if self.reference and not logits.is_cuda:
             ids, log_probs = topk_candidates_reference(logits, k)
         else:
             ids, log_probs = topk_candidates(logits, k)
+        if self.vocab_ids is not None:  # increasing ids: the tie order (lowest id first) holds
+            ids = self.vocab_ids[ids]
         ids, log_probs = ids.view(b, s, k), log_probs.view(b, s, k)
         score = self.head.score if self.scorer is None else self.scorer.score
         start, pairs = score(
@@ -143,7 +148,8 @@ class LatticeRule:
         token_ids = lattice.candidate_ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
         confidence = None
         if self.reports_confidence:
-            # The candidates' log-probs are the drafter's full-vocabulary ones: no logsumexp here.
+            # The candidates' log-probs are the drafter's over its whole (candidate) vocabulary:
+            # no logsumexp here.
             confidence = lattice.log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1).exp()
         return DraftOutput(token_ids, probs, faulty, lattice.top1_ids(), confidence)
 

@@ -25,8 +25,9 @@ from vllm_liliprop.rules.lattice import LatticeRule, load_lattice_head
 
 class LatticeDelsRule(LatticeRule):
     def __init__(self, head, vocab_size, short_head, log_prior, alpha, beta, prefix_len,
-                 walk="greedy", sampling="deterministic", reference=False, reports_confidence=False):
-        super().__init__(head, vocab_size, walk, sampling, reference, reports_confidence)
+                 walk="greedy", sampling="deterministic", reference=False, reports_confidence=False,
+                 vocab_ids=None):
+        super().__init__(head, vocab_size, walk, sampling, reference, reports_confidence, vocab_ids)
         self.short_head, self.log_prior = short_head, log_prior
         self.alpha = device_schedule(alpha, log_prior)
         self.beta = device_schedule(beta, log_prior)
@@ -45,7 +46,7 @@ class LatticeDelsRule(LatticeRule):
             )
         return cls(load_lattice_head(resources), resources.vocab_size, short_head, log_prior,
                    alpha, beta, prefix, options.walk, options.sampling,
-                   reports_confidence=options.reports_confidence)
+                   reports_confidence=options.reports_confidence, vocab_ids=resources.draft_vocab_ids)
 
     def _schedules(self, num_slots):
         return self.alpha[:num_slots], self.beta[:num_slots]

@@ -63,3 +63,29 @@ class DraftVocabArgmax:
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         ids = row_argmax(self.logits(hidden_states))
         return ids if self.target_ids is None else self.target_ids[ids]
+
+
+def candidate_vocab_logits(model, target_ids: torch.Tensor):
+    """[N, H] -> [N, n]: the draft's logits at `target_ids` only (a LiLiCorr draft's candidate
+    vocabulary, heads/candidate_vocab.py), equal to those columns of `compute_logits`: the LM
+    head's rows of those ids, then the logits processor's soft cap and scale. A copy of the
+    rows is kept ([n, H]), so a step reads n rows instead of V."""
+    head, processor = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    weight = getattr(head, "weight", None)
+    fix = "delete the draft's candidate_vocab/ folder to serve the full-vocabulary lattice"
+    if processor is None or weight is None or not weight.is_floating_point() or weight.dim() != 2:
+        raise ValueError(f"candidate_vocab/ needs a plain (unquantized) LM head and vLLM's logits "
+                         f"processor on the draft; {fix}")
+    if processor.logits_as_input or getattr(head, "bias", None) is not None:
+        raise ValueError(f"candidate_vocab/ does not support an LM head with a bias or logits as "
+                         f"input; {fix}")
+    rows = weight.detach()[target_ids.to(weight.device)].contiguous()
+    soft_cap, scale = processor.soft_cap, float(processor.scale)
+
+    def logits(hidden_states: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.linear(hidden_states.to(rows.dtype), rows)
+        if soft_cap is not None:
+            out = torch.tanh(out / soft_cap) * soft_cap
+        return out * scale if scale != 1.0 else out
+
+    return logits

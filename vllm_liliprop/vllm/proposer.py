@@ -51,6 +51,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm_liliprop.draft_files import explain_load_error, tensor_shapes
 from vllm_liliprop.draft_length import (NO_DRAFT, confident_cut, cut_drafts, kept_length, pad_drafts,
                                         queried_masks, rule_slots, short_block_advice)
+from vllm_liliprop.heads.candidate_vocab import read_candidate_vocab
 from vllm_liliprop.heads.dels_io import tokenizer_fingerprint
 from vllm_liliprop.heads.dspark import MARKOV_PREFIX
 from vllm_liliprop.options import DSPARK_ARCH, resolve_options
@@ -63,7 +64,8 @@ from vllm_liliprop.vllm import rule_health
 from vllm_liliprop.vllm.acceptance_tracker import AcceptanceTracker
 from vllm_liliprop.vllm.block_events import block_events, departed_requests
 from vllm_liliprop.vllm.deferred_context import DeferredContext, context_slots, request_rows
-from vllm_liliprop.vllm.draft_greedy import DraftVocabArgmax, draft_vocab_ids, draft_vocab_logits
+from vllm_liliprop.vllm.draft_greedy import (DraftVocabArgmax, candidate_vocab_logits, draft_vocab_ids,
+                                              draft_vocab_logits)
 from vllm_liliprop.vllm.stock_dflash import liliprop_allowed, vllm_dflash_class
 
 logger = init_logger("vllm.liliprop.proposer")
@@ -295,14 +297,14 @@ class LiliPropProposer(DFlashProposer):
             tokenizer_fingerprint=(
                 self._tokenizer_fingerprint() if self.liliprop_options.uses_dels else None
             ),
-            draft_vocab_ids=draft_vocab_ids(self.model),
+            draft_vocab_ids=None,
             markov_state_dict=(
                 self._markov_weights(draft_path) if self.liliprop_options.rule == "dspark" else None
             ),
             draft_hf_config=hf_config.to_dict(),
         )
-        self._draft_vocab_logits = (
-            None if resources.draft_vocab_ids is None else draft_vocab_logits(self.model)
+        resources.draft_vocab_ids, self._draft_vocab_logits = self._scored_vocabulary(
+            resources.draft_dir, has_head
         )
         self.draft_rule = build_rule(self.liliprop_options, resources)
         self._embedding = embedding
@@ -310,6 +312,25 @@ class LiliPropProposer(DFlashProposer):
         self._acceptance = AcceptanceTracker()
         rule_health.register_source(self)
         logger.info("vllm-liliprop draft rule ready: %s", self.draft_rule.name)
+
+    def _scored_vocabulary(self, draft_dir: Path | None, has_head: bool):
+        """(target ids [n], [N, H] -> [N, n] logits) of the vocabulary the rules score: a
+        reduced draft vocabulary (d2t), a LiLiCorr draft's candidate_vocab/ (liliprop
+        extension), or (None, None) for the full vocabulary."""
+        ids = draft_vocab_ids(self.model)
+        if ids is not None:
+            return ids, draft_vocab_logits(self.model)
+        if not has_head:
+            return None, None
+        topk = int(self.dflash_config.get("lilicorr_candidate_topk", 1))
+        vocab_size = int(self.draft_model_config.hf_config.vocab_size)
+        ids = read_candidate_vocab(draft_dir, vocab_size, topk)
+        if ids is None:
+            return None, None
+        logger.info("vllm-liliprop: LiLiCorr candidates from %d of %d ids (%s/candidate_vocab)",
+                    ids.numel(), vocab_size, draft_dir)
+        ids = ids.to(self.device)
+        return ids, candidate_vocab_logits(self.model, ids)
 
     def _markov_weights(self, draft_path: Path) -> dict[str, torch.Tensor] | None:
         """DSpark's Markov head as the checkpoint stores it; for a draft that is not a local
