@@ -83,7 +83,7 @@ run --engine-flags '{"dtype": "float32", "max_model_len": 2048, "enforce_eager":
     --results "$out/lossless.csv" --no-summary "$@"
 .venv/bin/python -m eval summarize "$out/results.csv" --lossless "$out/lossless.csv"
 .venv/bin/python -m plots all --results "$out/results.csv" --lossless "$out/lossless.csv" --out "$out/plots"
-echo "results tables: $out/results.csv (speed, bf16), $out/lossless.csv (identity, fp32)"
+echo "results tables: $out/results.csv (speed, $dtype), $out/lossless.csv (identity, fp32)"
 echo "plots and tables: $out/plots/index.md"
 count() { grep -c " $1 " "$LILIPROP_LOG" || true; }
 if [ -s "$LILIPROP_LOG" ]; then
