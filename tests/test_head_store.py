@@ -164,3 +164,11 @@ def test_a_warm_start_begins_where_its_export_ended_and_slot_weights_pick_the_sl
     alone = head_loss(start, pairs[:, :0], ids[:, :1], targets[:, :1], logq[:, :1], {})
     torch.testing.assert_close(first["loss"], alone["loss"])
     assert not torch.allclose(first["loss"], plain["loss"])
+
+
+def test_a_candidate_vocabulary_without_a_reduced_vocabulary_is_refused(tmp_path):
+    """--candidate-vocab names a draft whose d2t gives the ids; a full-vocabulary draft has none."""
+    target = AutoModelForCausalLM.from_pretrained(TINY / "target", dtype=torch.float32).eval()
+    with pytest.raises(ValueError, match="--candidate-vocab .*no reduced vocabulary"):
+        build_store(TINY / "drafts" / "dflash", target, DATA, tmp_path, anchors=2, seed=0,
+                    candidate_vocab=TINY / "drafts" / "dflash", progress=False)

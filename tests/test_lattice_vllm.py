@@ -1,6 +1,7 @@
 """The LiLiCorr lattice rule in real vLLM engines (V1 runner, CPU)."""
 
 import pytest
+import torch
 
 from tests.builders import build_constant_dflash, build_rank_preferring_lilicorr
 from tests.engine import (
@@ -10,6 +11,7 @@ from tests.engine import (
     predict_counters,
 )
 from vllm_liliprop.fixtures import build_tiny_lilicorr_draft
+from vllm_liliprop.heads.candidate_vocab import write_candidate_vocab
 
 pytestmark = pytest.mark.vllm
 K = 7  # num_speculative_tokens
@@ -84,10 +86,6 @@ def test_candidate_vocab_decides_the_candidates(tiny_models, stock, ranked):
     """A draft whose candidate_vocab/ leaves out the drafter's favourite z0: the lattice's
     candidates are [c, z1, z2, ...], so a head that walks rank 0 drafts c in every slot
     (counters = those predicted for constant c) where without the folder it drafts z0."""
-    import torch
-
-    from vllm_liliprop.heads.candidate_vocab import write_candidate_vocab
-
     root = tiny_models["root"]
     draft = build_rank_preferring_lilicorr(root / "rank0-vocab", tiny_models["target"], ranked, rank=0)
     plain = stock["plain"]["ids"]

@@ -47,7 +47,6 @@ def ratio_interval(a: list[float], b: list[float], draws: int = 2000) -> tuple[f
 
 
 def main(argv=None) -> None:
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--system", default="LiLiCorr-greedy")
     parser.add_argument("--drafts", default="testbed/smollm2/round3/drafts")

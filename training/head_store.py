@@ -80,6 +80,9 @@ def build_store(draft_dir: str | Path, target, dataset: TokenizedDataset, out: s
     out.mkdir(parents=True, exist_ok=True)
     drafter = load_dflash(draft_dir).eval()
     vocab_ids = None if candidate_vocab is None else read_draft_vocab(candidate_vocab)
+    if candidate_vocab is not None and vocab_ids is None:
+        raise ValueError(f"--candidate-vocab {candidate_vocab}: that draft has no reduced vocabulary (d2t); "
+                         "give a DFlash draft exported with draft_vocab_size")
     embed, lm_head = frozen_target_weights(target)
     objective = DraftObjective(drafter, embed.float(), lm_head.float(), weights=LossWeights(distractor=0.0),
                                num_anchors=anchors)

@@ -18,6 +18,7 @@ vLLM (both are arbitrary, and verification rejects either).
 from __future__ import annotations
 
 import torch
+from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
 from vllm_liliprop.vllm.cpu_argmax import row_argmax
 
@@ -74,8 +75,6 @@ def candidate_vocab_logits(model, target_ids: torch.Tensor):
     V) goes through the head's own unquantized method, which on a CPU prepacks it for vLLM's
     GEMM (oneDNN; torch's F.linear ran these rows 2x slower than vLLM's full head), and through
     the draft's logits processor (soft cap, scale; the stage rows time it as the LM head)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
     head, processor = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
     method = getattr(head, "quant_method", None)
     fix = "delete the draft's candidate_vocab/ folder to serve the full-vocabulary lattice"
