@@ -36,6 +36,7 @@ from vllm_liliprop.kernels import greedy_walk
 from vllm_liliprop.rules.base import DraftInputs
 from vllm_liliprop.rules.lattice import LatticeRule, walk_faults, walk_faults_reference
 
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DRAFT = Path(__file__).resolve().parents[1] / "testbed" / "smollm2" / "round3" / "drafts" / "lilicorr"
 
 
@@ -159,13 +160,14 @@ def _best_ms(fn, repeats: int) -> float:
     return min(_time(fn) for _ in range(repeats))
 
 
-def machine_rates(gemm_size: int = 2048, stream_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
-    """(bf16 GEMM FLOP/s, weight-streaming bytes/s) this process reaches at its thread count: the
-    best of `repeats` square bf16 products, and of a sum over a tensor far larger than the caches."""
+def machine_rates(gemm_size: int = 2048, stream_mib: int = 256, repeats: int = 5,
+                  dtype: torch.dtype = torch.bfloat16) -> tuple[float, float]:
+    """(GEMM FLOP/s in `dtype`, weight-streaming bytes/s) this process reaches at its thread count:
+    the best of `repeats` square products, and of a sum over a tensor far larger than the caches."""
     n = gemm_size
-    a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     gemm_ms = _best_ms(lambda: a @ b, repeats)
-    big = torch.ones(stream_mib * 2**19, dtype=torch.bfloat16)  # stream_mib MiB of bf16
+    big = torch.ones(stream_mib * 2**20 // dtype.itemsize, dtype=dtype)  # stream_mib MiB
     stream_ms = _best_ms(lambda: big.sum(), repeats)
     return 2 * n**3 / (gemm_ms / 1e3), big.numel() * big.element_size() / (stream_ms / 1e3)
 
@@ -196,7 +198,7 @@ def print_floor(head: LatticeHead, batch: int, slots: int, vocab: int, repeats: 
     floor["served_ms"] = served_ms
     floor["served_over_floor"] = served_ms / (floor["compute_ms"] + floor["read_ms"])
     print(f"floor, batch {batch} x {slots} slots, threads = {torch.get_num_threads()}: "
-          f"bf16 GEMM {rates[0] / 1e9:.0f} GFLOP/s, streaming {rates[1] / 1e9:.1f} GB/s")
+          f"{head.slot_embedding.dtype} GEMM {rates[0] / 1e9:.0f} GFLOP/s, streaming {rates[1] / 1e9:.1f} GB/s")
     print(f"  head {floor['gflop']:.3f} GFLOP, {floor['weights_mib']:.1f} MiB of weights: compute floor "
           f"{floor['compute_ms']:.3f} ms + weight-read floor {floor['read_ms']:.3f} ms; served head "
           f"{served_ms:.3f} ms (warm, median) = {floor['served_over_floor']:.2f}x the sum of the floors")
@@ -210,19 +212,21 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                        help="the head's serving dtype (the host probe picks float32 where bf16 is slow)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the head")
     parser.add_argument("--floor", action="store_true",
                         help="also set the served head against its compute and weight-read floors")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    head = load_head()
+    head = load_head(dtype=DTYPES[args.dtype])
     for batch in args.batch:
         bench_batch(head, batch, args.slots, args.vocab, args.repeats)
     if args.compile:
         bench_compile(head, args.batch[0], args.slots, args.vocab, args.repeats)
     if args.floor:
-        rates = machine_rates()  # once: every batch priced at the same rates
+        rates = machine_rates(dtype=DTYPES[args.dtype])  # once: every batch priced at the same rates
         for batch in args.batch:
             print_floor(head, batch, args.slots, args.vocab, args.repeats, rates)
 

@@ -86,7 +86,8 @@ def vllm_verify(on: bool):
 
 def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens: int,
                 plain_steps: dict | None = None, temperature: float = 0.0,
-                seeded: bool = False, options: dict | None = None) -> dict[str, float]:
+                seeded: bool = False, options: dict | None = None,
+                dtype: str = "bfloat16") -> dict[str, float]:
     """ms per engine step of each timed method for one engine (k = 0: plain decoding;
     plain_steps: a speculative engine at k = 0 throughout, with these LiliPropProposer class
     settings (PLAIN_STEP_ARMS); options: this package's draft-rule options)."""
@@ -103,7 +104,7 @@ def measure_arm(target: str, draft: str | None, k: int, concurrency: int, tokens
         for name, value in plain_steps.items():
             setattr(LiliPropProposer, name, value)
     with liliprop_options_env(options):
-        llm = LLM(target, dtype="bfloat16", max_model_len=2048, enforce_eager=True, seed=0,
+        llm = LLM(target, dtype=dtype, max_model_len=2048, enforce_eager=True, seed=0,
                   speculative_config=spec, max_num_seqs=concurrency)
     engine = llm.llm_engine
     runner = engine.model_executor.driver_worker.worker.model_runner
@@ -163,7 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the drafter's query pass (vllm_liliprop/vllm/proposer.py)")
     parser.add_argument("--sampled-k0", action="store_true",
                         help="also each k with option sampled_k = 0 (sampled requests draft nothing)")
+    parser.add_argument("--dtype", default=None,
+                        help="the target's dtype (default: the host probe's choice, host.fast_dtype)")
     args = parser.parse_args(argv)
+    from vllm_liliprop.host import fast_dtype
+
+    dtype = args.dtype or fast_dtype()
     arms = {"AR": (0, None, False, None)}
     for k in filter(None, args.ks.split(",")):
         arms[f"k={k}"] = (int(k), None, False, None)
@@ -179,10 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             with vllm_verify(stock_verify):
                 rows[name].append(measure_arm(args.target, args.draft, k, args.concurrency,
                                               args.tokens, plain_steps, args.temperature,
-                                              args.seeded, options))
+                                              args.seeded, options, dtype))
     table = pd.DataFrame({arm: pd.DataFrame(values).median() for arm, values in rows.items()})
     pd.set_option("display.width", 200)
-    print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}, T = {args.temperature}")
+    print(f"ms per engine step, median of {args.rounds} rounds, c = {args.concurrency}, "
+          f"T = {args.temperature}, {dtype}")
     print(table.round(2).to_string())
     return 0
 
