@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_verbose_flag(out)
 
     summarize = sub.add_parser("summarize", help="print Table-1-style markdown tables of a results file")
-    summarize.add_argument("results", help="results file (.csv or .parquet)")
+    summarize.add_argument("results", nargs="+",
+                           help="results file (.csv or .parquet); several are pooled (repeated runs "
+                                "of a cell: every batch with its own paired AR reference)")
+    summarize.add_argument("--only", type=_names, default=None, metavar="A,B",
+                           help="only these systems' rows (e.g. AR and the systems a rerun repeated)")
     summarize.add_argument("--values", type=_names, default=list(SUMMARY_VALUES), metavar="A,B",
                            help="metric columns to tabulate (default: tau,speedup,tokens_per_s)")
     summarize.add_argument("--lossless", metavar="FILE",
@@ -300,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             return distribution_command(args)
         if args.command == "schedule":
             return schedule.command(args)
-        print(summary_text(args.results, tuple(args.values), args.lossless))
+        print(summary_text(args.results, tuple(args.values), args.lossless, args.only))
         return 0
     except (DataError, SystemsError, SourceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

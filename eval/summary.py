@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+
+import pandas as pd
 
 from eval.results import json_object
 from eval.truncation import truncation_markdown
@@ -14,23 +17,40 @@ from plots.tables import lossless_markdown, markdown_table, render_markdown, sta
 SUMMARY_VALUES = ("tau", "speedup", "tokens_per_s")
 
 
-def summary_text(path: str | Path, values: tuple[str, ...] = SUMMARY_VALUES,
-                 lossless_path: str | Path | None = None) -> str:
+def summary_text(path: str | Path | Sequence[str | Path], values: tuple[str, ...] = SUMMARY_VALUES,
+                 lossless_path: str | Path | None = None, only: Sequence[str] | None = None) -> str:
     """One table per metric (rows benchmark [x setting], columns system, best per row in bold),
     then the greedy-output check against AR, the rows with truncated prompts and the stage
     decomposition when the file has stage rows. lossless_path: take the greedy-output check
     from that results file instead (a separate fp32 run, when the timed run is bf16 and CPU bf16
-    verification rounds differently). ValueError naming the file for a value it cannot read."""
+    verification rounds differently). Several files are pooled: their rows side by side, as
+    if one run had measured every batch of each (a run's speedups stay paired with its own AR
+    references), which is how repeated runs of a noisy cell narrow its interval. only: keep
+    these systems' rows. ValueError naming the file for a value it cannot read."""
     try:
-        return _summary(path, values, lossless_path)
+        return _summary(path, values, lossless_path, only)
     except ValueError as exc:  # a value of the file that the tables cannot read: name the file
-        if str(path) in str(exc):
+        names = [str(path)] if isinstance(path, (str, Path)) else [str(p) for p in path]
+        if any(name in str(exc) for name in names):
             raise
-        raise ValueError(f"results file {path}: {exc}") from exc
+        raise ValueError(f"results file {', '.join(names)}: {exc}") from exc
 
 
-def _summary(path, values, lossless_path) -> str:
-    results = load_results(path)
+def pooled_results(paths: str | Path | Sequence[str | Path], only: Sequence[str] | None = None) -> pd.DataFrame:
+    """The rows of one or more results files (pooled runs), of the `only` systems if given."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    results = pd.concat([load_results(p) for p in paths], ignore_index=True)
+    if only:
+        unknown = sorted(set(only) - set(results["system"]))
+        if unknown:
+            raise ValueError(f"--only names {', '.join(unknown)}, which no file has; the files "
+                             f"have {', '.join(sorted(set(results['system'])))}")
+        results = results[results["system"].isin(list(only))].reset_index(drop=True)
+    return results
+
+
+def _summary(path, values, lossless_path, only) -> str:
+    results = pooled_results(path, only)
     parts = []
     if (results["kind"] == "run").any():
         for value in values:
@@ -39,7 +59,7 @@ def _summary(path, values, lossless_path) -> str:
         notes = reference_notes(results)
         if notes:
             parts.append("### paired AR references\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
-    checked = results if lossless_path is None else load_results(lossless_path)
+    checked = results if lossless_path is None else pooled_results(lossless_path, only)
     lossless = lossless_markdown(checked)
     if lossless:
         parts.append(f"### greedy output identical to AR (prompts{_dtype_note(checked)})\n\n{lossless}")
