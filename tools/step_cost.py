@@ -29,6 +29,8 @@ import gc
 import time
 from collections.abc import Sequence
 
+from vllm_liliprop.host import fast_dtype
+
 RUNNER_METHODS = ("execute_model", "sample_tokens", "_sample", "_model_forward", "_prepare_inputs",
                   "_update_states", "propose_draft_token_ids", "_bookkeeping_sync",
                   "_calc_spec_decode_metadata")
@@ -167,8 +169,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None,
                         help="the target's dtype (default: the host probe's choice, host.fast_dtype)")
     args = parser.parse_args(argv)
-    from vllm_liliprop.host import fast_dtype
-
     dtype = args.dtype or fast_dtype()
     arms = {"AR": (0, None, False, None)}
     for k in filter(None, args.ks.split(",")):
