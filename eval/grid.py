@@ -29,10 +29,16 @@ ROW_KEY = ["run_id", "system", "benchmark", "temperature", "concurrency", "input
 
 
 def config_key(speculative_config: dict | None, liliprop: dict | None) -> str:
-    """What a run served: the speculative config without the draft's path (a clone's folder
-    differs), and the package's options."""
+    """What a run served: the speculative config without the draft's path, and the package's
+    options with any path cut to its last two parts (a clone's folders differ, and a systems
+    file names them through variables such as ${drafts})."""
     spec = {k: v for k, v in (speculative_config or {}).items() if k != "model"}
-    return json.dumps({"speculative_config": spec, "liliprop": liliprop or None}, sort_keys=True)
+    options = {k: _path_tail(v) for k, v in (liliprop or {}).items()} or None
+    return json.dumps({"speculative_config": spec, "liliprop": options}, sort_keys=True)
+
+
+def _path_tail(value):
+    return "/".join(value.split("/")[-2:]) if isinstance(value, str) and "/" in value else value
 
 
 def current_configs(systems_file: str | Path) -> dict[str, str]:

@@ -90,3 +90,10 @@ def test_the_command_prints_the_grid(systems_file, second_run, capsys):
     out = capsys.readouterr().out
     assert "| DSpark-scheduled | " in out and "DFlash-scheduled" not in out.split("row(s) left out")[0]
     assert "6 row(s) left out" in out
+
+
+def test_a_path_among_the_options_matches_through_a_variable_or_a_clone():
+    written = {"rule": "lattice+dels", "dels_path": "${drafts}/dflash/dels", "walk": "greedy"}
+    served = dict(written, dels_path="/tmp/clone/testbed/smollm2/round3/drafts/dflash/dels")
+    assert config_key({}, written) == config_key({}, served)
+    assert config_key({}, written) != config_key({}, dict(served, dels_path="/x/drafts/dspark/dels"))
