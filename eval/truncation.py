@@ -21,6 +21,10 @@ def truncation_markdown(results: pd.DataFrame) -> str:
     counts = pd.to_numeric(runs[COLUMN], errors="coerce")
     if counts.notna().sum() == 0:
         return ""
+    bad = counts.notna() & ~counts.between(0, 2**31)  # inf, 1E310, negatives: not a count
+    if bad.any():
+        raise ValueError(f"column {COLUMN} holds {runs.loc[bad, COLUMN].iloc[0]!r}, not a count of "
+                         "prompts; rewrite the row with `python -m eval run`")
     cut = runs[counts > 0]
     if cut.empty:
         return "truncated prompts: none (every prompt fit in max_model_len - max_tokens)"

@@ -182,6 +182,7 @@ def test_any_options_parse_or_name_the_field(raw, architecture, block):
 @given(column=st.sampled_from(ALL_COLUMNS), value=st.one_of(text, st.builds(dumps, json_values)),
        drop=st.booleans(), tail=st.one_of(st.just(""), text), suffix=st.sampled_from([".csv", ".parquet"]))
 @example(column="seed", value="inf", drop=False, tail="", suffix=".csv")  # OverflowError
+@example(column="num_truncated", value="1E310", drop=False, tail="", suffix=".csv")  # OverflowError
 @example(column="engine_flags", value="5", drop=False, tail="", suffix=".csv")  # AttributeError
 @example(column="output_hashes", value="{", drop=False, tail="", suffix=".csv")  # JSONDecodeError
 @example(column="machine", value="{}", drop=False, tail="", suffix=".csv")  # KeyError 'isa'
