@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from eval.results import json_object
 from eval.summary import pooled_results
 from plots.table_intervals import pooled_interval
 from plots.tables import pooled_value
@@ -49,7 +50,7 @@ def current_configs(systems_file: str | Path) -> dict[str, str]:
 
 
 def _row_config(system_config: str) -> str:
-    served = json.loads(system_config) if system_config else {}
+    served = json_object(system_config, "system_config")
     return config_key(served.get("speculative_config"), served.get("liliprop"))
 
 
@@ -100,7 +101,7 @@ def add_parser(sub) -> None:
 
 def command(args) -> int:
     configs = {name: key for name, key in current_configs(args.systems).items()
-               if name.endswith(args.only_suffix) or name == "AR"}
+               if name.endswith(args.only_suffix)}
     cells, stale = grid_cells(pooled_results(args.results), configs)
     if cells.empty:
         raise ValueError(f"no row of {', '.join(args.results)} ran a current entry of {args.systems}")

@@ -30,7 +30,7 @@ def summary_text(path: str | Path | Sequence[str | Path], values: tuple[str, ...
     try:
         return _summary(path, values, lossless_path, only)
     except ValueError as exc:  # a value of the file that the tables cannot read: name the file
-        names = [str(path)] if isinstance(path, (str, Path)) else [str(p) for p in path]
+        names = [str(p) for p in _paths(path)]
         if any(name in str(exc) for name in names):
             raise
         raise ValueError(f"results file {', '.join(names)}: {exc}") from exc
@@ -38,8 +38,7 @@ def summary_text(path: str | Path | Sequence[str | Path], values: tuple[str, ...
 
 def pooled_results(paths: str | Path | Sequence[str | Path], only: Sequence[str] | None = None) -> pd.DataFrame:
     """The rows of one or more results files (pooled runs), of the `only` systems if given."""
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    results = pd.concat([load_results(p) for p in paths], ignore_index=True)
+    results = pd.concat([load_results(p) for p in _paths(paths)], ignore_index=True)
     if only:
         unknown = sorted(set(only) - set(results["system"]))
         if unknown:
@@ -47,6 +46,10 @@ def pooled_results(paths: str | Path | Sequence[str | Path], only: Sequence[str]
                              f"have {', '.join(sorted(set(results['system'])))}")
         results = results[results["system"].isin(list(only))].reset_index(drop=True)
     return results
+
+
+def _paths(paths: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    return [paths] if isinstance(paths, (str, Path)) else list(paths)
 
 
 def _summary(path, values, lossless_path, only) -> str:
