@@ -16,7 +16,7 @@ from eval.pypi_benchmarks import data_provenance, fetch_benchmarks
 from eval.results import ResultsFile
 from eval.runner import Campaign, Protocol
 from eval.summary import SUMMARY_VALUES, summary_text
-from eval.systems import BASELINE, SystemsError, load_systems, select_systems, with_plans
+from eval.systems import BASELINE, SystemsError, load_systems, parse_vars, select_systems, with_plans
 from eval.targets import TARGETS, fetch_target
 from vllm_liliprop.quiet import add_verbose_flag, quiet_after_parse
 
@@ -214,12 +214,7 @@ def run_command(args) -> int:
                                ("--warmup-tokens", args.warmup_tokens, 0), ("--repeats", args.repeats, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} = {value} must be >= {least}")
-    variables = {}
-    for item in args.var:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--var {item!r} must look like NAME=VALUE")
-        variables[name] = value
+    variables = parse_vars(args.var)
     if not args.systems and not args.system:
         raise ValueError("no systems: pass --systems FILE and/or --system NAME=JSON")
     available = load_systems(args.systems, variables, args.system)
@@ -278,8 +273,7 @@ def run_command(args) -> int:
 
 
 def distribution_command(args) -> int:
-    variables = dict(v.split("=", 1) for v in args.var)
-    catalog = load_systems(args.systems, variables)
+    catalog = load_systems(args.systems, parse_vars(args.var))
     names = [BASELINE] + [n for n in (args.only or []) if n != BASELINE]
     systems = select_systems(catalog, names)
     example = load_benchmark(args.benchmark, data_dir=args.data_dir, limit=1)[0]

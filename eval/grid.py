@@ -5,12 +5,15 @@ decoding pooled over every results row of that cell (all runs, all benchmarks: o
 wall time over the rows' own paired AR references, as `summarize` pools), with the 95%
 bootstrap interval `summarize` gives. Only rows measured with the system's current
 configuration count: a row whose speculative config (the draft's path aside) or package
-options differ from the systems file's entry ran an older plan, and is left out and counted.
+options differ from the systems file's entry ran an older plan, and a row whose draft weights
+(`checkpoint_hash`) differ from the draft the entry names now ran a retrained draft (a plan can
+outlive its draft); both are left out and counted.
 A row given twice (a pooled file beside its sources) counts once.
 A cell below `--floor` (default 0.97, issue 34's bar) is marked.
 
     python -m eval grid testbed/smollm2/schedule/avx2/results_*/results.csv \\
-        --systems testbed/smollm2/schedule/avx2/systems.json --only-suffix=-scheduled
+        --systems testbed/smollm2/schedule/avx2/systems.json --only-suffix=-scheduled \\
+        --var drafts=testbed/smollm2/round3/drafts
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pandas as pd
 
 from eval.results import json_object
 from eval.summary import pooled_results
+from eval.systems import checkpoint_hash, load_systems, parse_vars
 from plots.table_intervals import pooled_interval
 from plots.tables import pooled_value
 
@@ -49,19 +53,29 @@ def current_configs(systems_file: str | Path) -> dict[str, str]:
             for name, entry in entries.items() if isinstance(entry, dict)}
 
 
+def current_weights(systems_file: str | Path, variables: dict[str, str], names) -> dict[str, str]:
+    """{system: checkpoint_hash} of the draft each named entry serves now ("" without a draft)."""
+    catalog = load_systems(systems_file, variables)
+    return {name: checkpoint_hash(catalog.get(name)[0]) for name in names}
+
+
 def _row_config(system_config: str) -> str:
     served = json_object(system_config, "system_config")
     return config_key(served.get("speculative_config"), served.get("liliprop"))
 
 
-def grid_cells(results: pd.DataFrame, configs: dict[str, str]) -> tuple[pd.DataFrame, int]:
+def grid_cells(results: pd.DataFrame, configs: dict[str, str],
+               weights: dict[str, str] | None = None) -> tuple[pd.DataFrame, int]:
     """(one row per system x temperature x concurrency with runs, speedup, low, high;
-    the number of rows left out as another configuration's)."""
+    the number of rows left out as another configuration's or, given `weights`
+    ({system: checkpoint_hash}), other draft weights')."""
     runs = results[(results["kind"] == "run") & results["system"].isin(configs)
                    & (results["system"] != "AR")]
     # A row reached twice (a file pooled from others, passed beside them) counts once.
     runs = runs.drop_duplicates(subset=[c for c in ROW_KEY if c in runs.columns]).copy()
     current = runs.apply(lambda r: _row_config(r["system_config"]) == configs[r["system"]], axis=1)
+    if weights is not None:
+        current &= runs["checkpoint_hash"].astype(str) == runs["system"].map(weights)
     cells = []
     for (system, t, c), rows in runs[current].groupby(["system", "temperature", "concurrency"]):
         point = pooled_value(rows, "speedup", None)
@@ -97,14 +111,19 @@ def add_parser(sub) -> None:
     grid.add_argument("--systems", required=True, help="the systems file whose current entries count")
     grid.add_argument("--only-suffix", default="", help="only systems whose name ends so (e.g. -scheduled)")
     grid.add_argument("--floor", type=float, default=FLOOR, help="mark cells below this speedup")
+    grid.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                      help="the systems file's variables (e.g. drafts=DIR): with them, rows whose draft "
+                           "weights differ from the drafts named now are left out too")
 
 
 def command(args) -> int:
     configs = {name: key for name, key in current_configs(args.systems).items()
                if name.endswith(args.only_suffix)}
-    cells, stale = grid_cells(pooled_results(args.results), configs)
+    weights = current_weights(args.systems, parse_vars(args.var), configs) if args.var else None
+    cells, stale = grid_cells(pooled_results(args.results), configs, weights)
     if cells.empty:
         raise ValueError(f"no row of {', '.join(args.results)} ran a current entry of {args.systems}")
     print(grid_markdown(cells, args.floor))
-    print(f"\n{stale} row(s) left out: they ran another configuration than {args.systems} holds now.")
+    what = "configuration or draft weights" if weights is not None else "configuration"
+    print(f"\n{stale} row(s) left out: they ran another {what} than {args.systems} names now.")
     return 0

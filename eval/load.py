@@ -30,7 +30,7 @@ from transformers import AutoTokenizer
 
 from eval.benchmarks import expand_names, load_benchmark
 from eval.prompts import PromptRenderer
-from eval.systems import load_systems
+from eval.systems import load_systems, parse_vars
 from vllm_liliprop.vllm.metrics import SpecDecodeCounters
 from vllm_liliprop.vllm.offline import OfflineEngine, vllm_version
 
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="CSV to write (one row per engine)")
     args = parser.parse_args(argv)
 
-    variables = dict(item.split("=", 1) for item in args.var)
-    system, _ = load_systems(args.systems, variables).get(args.system_name)
+    system, _ = load_systems(args.systems, parse_vars(args.var)).get(args.system_name)
     if system.speculative_config is None:
         parser.error(f"--system-name {args.system_name!r} does not speculate; name a speculative system")
     benchmarks = [name.strip() for name in args.benchmarks.split(",") if name.strip()]

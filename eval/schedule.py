@@ -44,7 +44,7 @@ from pathlib import Path
 
 from eval import schedule_model
 from eval.prompts import PromptRenderer
-from eval.systems import BASELINE, SCHEDULED, load_systems, select_systems
+from eval.systems import BASELINE, SCHEDULED, load_systems, parse_vars, select_systems
 from training.data import read_jsonl_conversations
 from vllm_liliprop.host import fast_dtype
 
@@ -398,10 +398,7 @@ def served_calibration(accepted, costs, ar_costs, served: dict, name: str) -> di
 
 
 def command(args) -> int:
-    bad = [v for v in args.var if "=" not in v]
-    if bad:
-        raise ValueError(f"--var {bad[0]!r} must look like NAME=VALUE")
-    variables = dict(v.split("=", 1) for v in args.var)
+    variables = parse_vars(args.var)
     names = [n for n in args.only.split(",") if n]
     systems = select_systems(load_systems(args.systems, variables), names)
     if any(s.speculative_config is None for s in systems):

@@ -123,6 +123,14 @@ class System:
         return read_dels_config(folder / CONFIG_NAME)
 
 
+def parse_vars(items: list[str]) -> dict[str, str]:
+    """{NAME: VALUE} of `--var NAME=VALUE` flags (the systems file's ${NAME} placeholders)."""
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"--var {bad[0]!r} must look like NAME=VALUE")
+    return dict(item.split("=", 1) for item in items)
+
+
 def substitute(value: Any, variables: dict[str, str], where: str) -> Any:
     """Replace ${name} placeholders in every string of a JSON value."""
     if isinstance(value, dict):

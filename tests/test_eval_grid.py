@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from eval.cli import main as eval_main
-from eval.grid import config_key, current_configs, grid_cells, grid_markdown
+from eval.grid import config_key, current_configs, current_weights, grid_cells, grid_markdown
 from eval.summary import pooled_results
 from plots.tables import pooled_value
 
 GRID = "testbed/smollm2/schedule/avx2/results_grid_c32_t0/results.csv"  # one run at c = 32, T = 0
+AVX2_PLANS = "testbed/smollm2/schedule/avx2/systems.json"
 SYSTEMS = ("DSpark-scheduled", "Domino-scheduled", "DFlash-scheduled")
 
 
@@ -97,3 +99,42 @@ def test_a_path_among_the_options_matches_through_a_variable_or_a_clone():
     served = dict(written, dels_path="/tmp/clone/testbed/smollm2/round3/drafts/dflash/dels")
     assert config_key({}, written) == config_key({}, served)
     assert config_key({}, written) != config_key({}, dict(served, dels_path="/x/drafts/dspark/dels"))
+
+
+def _hash(system: str) -> str:
+    rows = pd.read_csv(GRID, dtype=str, keep_default_na=False)
+    return rows.loc[rows["system"] == system, "checkpoint_hash"].iloc[0]
+
+
+def test_rows_of_other_draft_weights_are_left_out(systems_file):
+    """A plan can outlive its draft: rows that served weights other than today's do not count."""
+    weights = {"DSpark-scheduled": _hash("DSpark-scheduled"), "Domino-scheduled": "0" * 16,
+               "DFlash-scheduled": _hash("DFlash-scheduled")}
+    cells, stale = grid_cells(pooled_results(GRID), current_configs(systems_file), weights)
+    assert list(cells["system"]) == ["DSpark-scheduled"]
+    assert stale == 6  # DFlash's three rows (another plan), Domino's three (other weights)
+
+
+def test_current_weights_hash_the_drafts_a_variable_names_now(tmp_path):
+    shipped = current_weights(AVX2_PLANS, {"drafts": "testbed/smollm2/round3/drafts"}, ["DSpark-scheduled"])
+    assert shipped == {"DSpark-scheduled": _hash("DSpark-scheduled")}  # the draft the grid's rows served
+    retrained = tmp_path / "drafts" / "dspark"
+    retrained.mkdir(parents=True)
+    (retrained / "config.json").write_text("{}")
+    moved = current_weights(AVX2_PLANS, {"drafts": str(tmp_path / "drafts")}, ["DSpark-scheduled"])
+    assert moved["DSpark-scheduled"] != shipped["DSpark-scheduled"]
+
+
+def test_the_command_with_variables_counts_other_weights_among_the_left_out(systems_file, tmp_path, capsys):
+    entries = json.loads(systems_file.read_text())
+    entries["DSpark-scheduled"]["speculative_config"]["model"] = "${drafts}/dspark"
+    systems_file.write_text(json.dumps(entries))
+    drafts = tmp_path / "drafts"
+    (drafts / "elsewhere").mkdir(parents=True)
+    (drafts / "elsewhere" / "config.json").write_text("{}")  # a draft none of the rows served
+    (drafts / "dspark").symlink_to(Path("testbed/smollm2/round3/drafts/dspark").resolve())
+    assert eval_main(["grid", GRID, "--systems", str(systems_file), "--only-suffix=-scheduled",
+                      "--var", f"drafts={drafts}"]) == 0
+    out = capsys.readouterr().out
+    assert "| DSpark-scheduled | " in out and "| Domino-scheduled | " not in out
+    assert "6 row(s) left out" in out and "configuration or draft weights" in out

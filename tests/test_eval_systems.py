@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from eval.cli import build_parser, engine_flags_from_args, main
-from eval.systems import SystemsError, checkpoint_hash, load_systems, select_systems
+from eval.systems import SystemsError, checkpoint_hash, load_systems, parse_vars, select_systems
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "eval" / "systems.example.json"
 VARS = {"draft": "/ckpt/dflash", "lilicorr": "/ckpt/lilicorr", "dels_gru": "/ckpt/gru",
@@ -217,3 +217,9 @@ def test_the_shipped_plan_files_plan_every_system_the_main_job_serves():
             assert where.endswith(f"{name}-scheduled"), (plans, name)
             system = select_systems(catalog, [name])[0]
             assert system.speculative_config["num_speculative_tokens_per_batch_size"], (plans, name)
+
+
+def test_var_flags_parse_to_a_mapping_and_a_flag_without_a_value_is_named():
+    assert parse_vars(["drafts=/a/b=c", "x="]) == {"drafts": "/a/b=c", "x": ""}
+    with pytest.raises(ValueError, match="--var 'drafts' must look like NAME=VALUE"):
+        parse_vars(["ok=1", "drafts"])
