@@ -42,6 +42,8 @@ from contextlib import ExitStack
 from itertools import cycle, islice
 from pathlib import Path
 
+from tqdm import tqdm
+
 from eval import schedule_model
 from eval.prompts import PromptRenderer
 from eval.systems import BASELINE, SCHEDULED, load_systems, parse_vars, select_systems
@@ -183,6 +185,7 @@ def interleaved(engines, arm_list, batches: dict[int, list], measure, rounds: in
     A system's engine runs each k in turn (OfflineEngine.pin_k); k None leaves its engine's own
     schedule in place."""
     values: dict = {}
+    bar = tqdm(total=rounds * len(batches) * len(arm_list), desc=unit, dynamic_ncols=True)
     for r in range(rounds):
         for b, batch in batches.items():
             shift = (r + b) % len(arm_list)
@@ -191,9 +194,11 @@ def interleaved(engines, arm_list, batches: dict[int, list], measure, rounds: in
                     engines[name].pin_k(k)
                 values.setdefault(name, {}).setdefault(k, {}).setdefault(b, []).append(
                     measure(engines[name], batch))
+                bar.update()
         log(f"{unit}, round {r + 1}/{rounds}: " + "; ".join(
             f"{name} k={k} " + ", ".join(f"b={b} {v[-1]:.4g}" for b, v in by_b.items())
             for name, by_k in values.items() for k, by_b in by_k.items()))
+    bar.close()
     return values
 
 
