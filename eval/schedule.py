@@ -250,6 +250,20 @@ def medians(times: dict[int, dict[int, list[float]]]) -> dict[int, dict[int, flo
     return {k: {b: statistics.median(t) for b, t in by_b.items()} for k, by_b in times.items()}
 
 
+def plain_step_costs(times: dict) -> dict[int, float]:
+    """{batch: seconds} of a plain step: the median over plain decoding's rounds and every
+    system's k = 0 rounds. A k = 0 step is a plain step (<1% apart when timed side by side,
+    docs/measurements-smollm2.md, "What a k = 0 engine costs"), so each engine's k = 0 arm is
+    one more sample of one cost; one engine's single round had put it 29% over plain decoding's
+    (LiLiCorr+lookup at batch 32, the AMX host's plan of 2026-12-07), and the plan then drafted
+    where drafting was predicted below plain decoding."""
+    samples: dict[int, list[float]] = {}
+    for by_k in times.values():
+        for b, values in by_k.get(0, {}).items():
+            samples.setdefault(b, []).extend(values)
+    return {b: statistics.median(values) for b, values in samples.items()}
+
+
 def ratios_to_plain(values: dict, plain: dict[int, list[float]]) -> dict[int, dict[int, float]]:
     """Each k's value over plain decoding's in the same round, the median over rounds: the paired
     figure (a k = 0 step's cost against a plain engine's, a served batch's tokens/s against
@@ -454,13 +468,14 @@ def command(args) -> int:
         accepted, times, served = measure_all(args, systems, flags, prompts, served_prompts, batch_sizes,
                                               counts, tokens, max_batch, log)
     plain = times[BASELINE][0]
-    ar_costs = medians(times[BASELINE])[0]
+    ar_costs = plain_step_costs(times)  # plain decoding's and every k = 0 step's, the model's plain step
     out = {BASELINE: raw.get(BASELINE, {})}
     record = {"dtype": flags["dtype"], "temperature": earlier.get("temperature", 0.0) if earlier
               else args.temperature, "batch_sizes": batch_sizes, "tokens": tokens,
               "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
               "margin": args.margin,
-              "AR_step_costs_s": ar_costs, "AR_step_costs_s_by_round": plain, "systems": {}}
+              "AR_step_costs_s": medians(times[BASELINE])[0], "AR_step_costs_s_by_round": plain,
+              "plain_step_costs_s": ar_costs, "systems": {}}
     if served:
         record.update(served_batch_sizes=sorted(served[BASELINE][0]),
                       served_tokens=(earlier or {}).get("served_tokens", args.served_tokens),
@@ -470,7 +485,7 @@ def command(args) -> int:
                       AR_served_tokens_per_s_by_round=served[BASELINE][0])
     for system in systems:
         measured = medians(times[system.name])
-        costs = schedule_model.linear_in_k(measured)
+        costs = {**schedule_model.linear_in_k(measured), 0: ar_costs}
         calibrated = served_calibration(accepted[system.name], costs, ar_costs, served, system.name)
         factors = calibrated.get("served_factors")
         ranges = schedule_model.schedule(accepted[system.name], costs, max_batch, args.margin, factors)

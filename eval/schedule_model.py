@@ -76,9 +76,14 @@ def calibration(factors: dict[int, float] | None, batch: int) -> float:
 
 def served_factors(served_over_plain: dict[int, dict[int, float]],
                    predicted_over_plain: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
-    """k -> {batch -> served ratio / predicted ratio}, both ratios to plain decoding at that batch."""
+    """k -> {batch -> served ratio / predicted ratio}, both ratios to plain decoding at that batch,
+    for every drafting k. k = 0 gets none: its step is a plain step (<1% apart when timed
+    side by side, docs/measurements-smollm2.md, "What a k = 0 engine costs"), so a served k = 0
+    batch against plain decoding measures only the host's noise, and one round's noise (0.79 at
+    batch 4) made a k = 3 that steady state put at 0.81x plain decoding look better than k = 0
+    up to batch 16 (LiLiCorr greedy, the AMX host's plan of 2026-12-07)."""
     return {k: {b: ratio / predicted_over_plain[k][b] for b, ratio in by_b.items()}
-            for k, by_b in served_over_plain.items()}
+            for k, by_b in served_over_plain.items() if int(k) != 0}
 
 
 def tokens_per_s(acceptance_per_pos: list[float], step_costs: dict[int, dict[int, float]],

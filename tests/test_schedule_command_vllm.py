@@ -67,7 +67,10 @@ def test_eval_schedule_times_every_arm_in_rounds_and_writes_the_schedule(tmp_pat
     assert len(measured["acceptance_per_pos"]) == 7
     # Served batches of 2 other held-out prompts, every k and plain decoding, each round.
     assert record["served_batch_sizes"] == [2] and len(record["AR_served_tokens_per_s_by_round"]["2"]) == 2
-    assert sorted(measured["served_factors"], key=int) == [str(k) for k in range(8)]
+    assert sorted(measured["served_factors"], key=int) == [str(k) for k in range(1, 8)]  # k = 0: plain step
+    assert set(measured["served_over_plain"]["0"]) == {"2"}
+    # The model's plain step pools plain decoding's rounds with the k = 0 arm's.
+    assert set(record["plain_step_costs_s"]) == {"1", "2"} and measured["step_costs_s"]["0"] == record["plain_step_costs_s"]
     assert all(f["2"] > 0 for f in measured["served_factors"].values())
     # Planned again from that file, for larger batches, without an engine.
     again = tmp_path / "again.json"

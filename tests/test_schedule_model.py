@@ -87,10 +87,41 @@ def test_served_batches_calibrate_the_plan_where_they_were_measured():
     # Served batches of 32 ran k = 3 at 0.85x plain decoding, k = 0 at 0.98x.
     predicted = {k: {32: tokens_per_s(accepted, costs, 32, k) * 0.050 / 32} for k in costs}
     factors = served_factors({0: {32: 0.98}, 3: {32: 0.85}}, predicted)
-    assert factors[0][32] == pytest.approx(0.98) and factors[3][32] == pytest.approx(0.85 / 1.10, rel=0.01)
+    assert 0 not in factors and factors[3][32] == pytest.approx(0.85 / 1.10, rel=0.01)
     assert best_k(accepted, costs, 32, 0.05, factors) == 0
     assert best_k(accepted, costs, 1, 0.05, factors) == 3  # batch 1: factor 1, nothing to drain
     assert calibration(factors[3], 16) == pytest.approx(1 + 15 / 31 * (factors[3][32] - 1))
     assert calibration(None, 16) == 1.0
     assert schedule(accepted, costs, 32, 0.05, factors)[-1][1:] == [32, 0]
     assert schedule(accepted, costs, 32, 0.05)[-1][1:] == [32, 3]
+
+
+def test_a_noisy_served_plain_step_does_not_make_drafting_look_better_than_plain_decoding():
+    """k = 0 is a plain step: one round's served k = 0 batch 10% under plain decoding is noise, and
+    calibrating k = 0 by it drafted up to batch 16. The numbers: LiLiCorr greedy's one-round plan
+    on the AMX host, 2026-12-07 (testbed/smollm2/schedule/replan_amx_1207.measurements.json)."""
+    from eval.schedule_model import served_factors
+
+    accepted = [0.471, 0.204, 0.097, 0.0, 0.0, 0.0, 0.0]
+    costs = {3: {1: 0.05290, 4: 0.05277, 16: 0.07562, 32: 0.17309},
+             2: {1: 0.05067, 4: 0.05175, 16: 0.07694, 32: 0.13699},
+             1: {1: 0.04844, 4: 0.05074, 16: 0.07826, 32: 0.10088},
+             0: {1: 0.03693, 4: 0.03427, 16: 0.04986, 32: 0.06476}}
+    served = {3: {1: 1.5101, 4: 0.9698}, 2: {1: 1.3843, 4: 0.9456}, 1: {1: 1.162, 4: 0.8571}, 0: {1: 1.0341, 4: 0.898}}
+    predicted = {3: {1: 1.1068, 4: 1.3032}, 2: {1: 1.0923, 4: 1.256}, 1: {1: 1.0033, 4: 1.125}, 0: {1: 0.8949, 4: 1.1324}}
+    factors = served_factors(served, predicted)
+    assert schedule(accepted, costs, 32, 0.05, factors) == [[1, 3, 3], [4, 32, 0]]
+    with_plain_calibrated = {**factors, 0: {b: served[0][b] / predicted[0][b] for b in (1, 4)}}
+    assert schedule(accepted, costs, 32, 0.05, with_plain_calibrated) == [[1, 16, 3], [17, 32, 0]]
+
+
+def test_the_plain_step_pools_plain_decoding_and_every_k0_arm():
+    """Each engine's k = 0 arm is one more sample of a plain step: one slow engine's round does
+    not make its own plain steps look dear (LiLiCorr+lookup at batch 32, 0.078 s against 0.061)."""
+    from eval.schedule import plain_step_costs
+
+    times = {"AR": {0: {1: [0.033], 32: [0.0606]}},
+             "A": {0: {1: [0.034], 32: [0.0653]}, 3: {1: [0.05], 32: [0.11]}},
+             "B": {0: {1: [0.036], 32: [0.0780]}, 3: {1: [0.05], 32: [0.11]}},
+             "C": {0: {1: [0.035], 32: [0.0624]}}}
+    assert plain_step_costs(times) == {1: pytest.approx(0.0345), 32: pytest.approx(0.06385)}
