@@ -59,6 +59,12 @@ def current_weights(systems_file: str | Path, variables: dict[str, str], names) 
     return {name: checkpoint_hash(catalog.get(name)[0]) for name in names}
 
 
+def absolute_paths(variables: dict[str, str]) -> dict[str, str]:
+    """The variables with every existing path made absolute, as runs pass them: a draft's hash
+    takes in an outside DeLS folder only when its path is absolute (eval.systems.checkpoint_hash)."""
+    return {k: str(Path(v).resolve()) if v and Path(v).exists() else v for k, v in variables.items()}
+
+
 def _row_config(system_config: str) -> str:
     served = json_object(system_config, "system_config")
     return config_key(served.get("speculative_config"), served.get("liliprop"))
@@ -119,7 +125,7 @@ def add_parser(sub) -> None:
 def command(args) -> int:
     configs = {name: key for name, key in current_configs(args.systems).items()
                if name.endswith(args.only_suffix)}
-    weights = current_weights(args.systems, parse_vars(args.var), configs) if args.var else None
+    weights = current_weights(args.systems, absolute_paths(parse_vars(args.var)), configs) if args.var else None
     cells, stale = grid_cells(pooled_results(args.results), configs, weights)
     if cells.empty:
         raise ValueError(f"no row of {', '.join(args.results)} ran a current entry of {args.systems}")

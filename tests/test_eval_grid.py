@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from eval.cli import main as eval_main
-from eval.grid import config_key, current_configs, current_weights, grid_cells, grid_markdown
+from eval.grid import absolute_paths, config_key, current_configs, current_weights, grid_cells, grid_markdown
 from eval.summary import pooled_results
 from plots.tables import pooled_value
 
@@ -138,3 +138,12 @@ def test_the_command_with_variables_counts_other_weights_among_the_left_out(syst
     out = capsys.readouterr().out
     assert "| DSpark-scheduled | " in out and "| Domino-scheduled | " not in out
     assert "6 row(s) left out" in out and "configuration or draft weights" in out
+
+
+def test_a_relative_drafts_folder_hashes_a_dels_draft_as_its_runs_did():
+    """Runs pass ${drafts} absolute, and an outside DeLS folder counts in the hash only then."""
+    relative = {"drafts": "testbed/smollm2/round3/drafts"}
+    served = current_weights(AVX2_PLANS, {"drafts": str(Path(relative["drafts"]).resolve())}, ["LiLiCorr+DeLS-scheduled"])
+    assert current_weights(AVX2_PLANS, absolute_paths(relative), ["LiLiCorr+DeLS-scheduled"]) == served
+    assert current_weights(AVX2_PLANS, relative, ["LiLiCorr+DeLS-scheduled"]) != served
+    assert absolute_paths({"x": "no/such/folder", "y": ""}) == {"x": "no/such/folder", "y": ""}
