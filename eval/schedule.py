@@ -530,6 +530,7 @@ def served_table(record: dict) -> str:
     for name, measured in record["systems"].items():
         for k, by_b in sorted(measured["served_over_plain"].items(), key=lambda kv: int(kv[0])):
             for b, ratio in by_b.items():
+                factor = measured["served_factors"].get(k, {}).get(b)  # none at k = 0: a plain step
                 lines.append(f"| {name} | {b} | {k} | {measured['predicted_over_plain'][k][b]:.2f}x | "
-                             f"{ratio:.2f}x | {measured['served_factors'][k][b]:.2f} |")
+                             f"{ratio:.2f}x | {'—' if factor is None else f'{factor:.2f}'} |")
     return "\n".join(lines)
