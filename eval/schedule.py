@@ -468,14 +468,14 @@ def command(args) -> int:
         accepted, times, served = measure_all(args, systems, flags, prompts, served_prompts, batch_sizes,
                                               counts, tokens, max_batch, log)
     plain = times[BASELINE][0]
-    ar_costs = plain_step_costs(times)  # plain decoding's and every k = 0 step's, the model's plain step
+    plain_costs = plain_step_costs(times)  # plain decoding's and every k = 0 step's
     out = {BASELINE: raw.get(BASELINE, {})}
     record = {"dtype": flags["dtype"], "temperature": earlier.get("temperature", 0.0) if earlier
               else args.temperature, "batch_sizes": batch_sizes, "tokens": tokens,
               "rounds": len(plain[batch_sizes[0]]), "heldout": args.heldout, "prompts": len(prompts),
               "margin": args.margin,
               "AR_step_costs_s": medians(times[BASELINE])[0], "AR_step_costs_s_by_round": plain,
-              "plain_step_costs_s": ar_costs, "systems": {}}
+              "plain_step_costs_s": plain_costs, "systems": {}}
     if served:
         record.update(served_batch_sizes=sorted(served[BASELINE][0]),
                       served_tokens=(earlier or {}).get("served_tokens", args.served_tokens),
@@ -485,8 +485,8 @@ def command(args) -> int:
                       AR_served_tokens_per_s_by_round=served[BASELINE][0])
     for system in systems:
         measured = medians(times[system.name])
-        costs = {**schedule_model.linear_in_k(measured), 0: ar_costs}
-        calibrated = served_calibration(accepted[system.name], costs, ar_costs, served, system.name)
+        costs = {**schedule_model.linear_in_k(measured), 0: plain_costs}
+        calibrated = served_calibration(accepted[system.name], costs, plain_costs, served, system.name)
         factors = calibrated.get("served_factors")
         ranges = schedule_model.schedule(accepted[system.name], costs, max_batch, args.margin, factors)
         summary = ", ".join(f"b {s}-{e}: k={k}" for s, e, k in ranges)
@@ -499,7 +499,7 @@ def command(args) -> int:
             acceptance_per_pos=accepted[system.name], step_costs_s=costs, measured_step_costs_s=measured,
             step_costs_s_by_round=times[system.name],
             step_cost_over_plain=ratios_to_plain(times[system.name], plain), schedule=ranges,
-            predicted_tokens_per_s=predictions(accepted[system.name], costs, ar_costs, ranges,
+            predicted_tokens_per_s=predictions(accepted[system.name], costs, plain_costs, ranges,
                                                batch_sizes, factors), **calibrated)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
